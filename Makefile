@@ -1,0 +1,54 @@
+# KernelFleet. `make run` starts the coordinator, its dashboard and a local worker on SQLite;
+# `make test` runs ruff, mypy and pytest. Both build their own virtualenv (.venv) first.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+HOST   ?= 127.0.0.1
+PORT   ?= 8600
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help venv run test lint typecheck pytest bench-kernels bench-search bench-dashboard bench-detector clean
+
+help: ## Show this help
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-16s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "KernelFleet needs Python 3.11 or newer")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP) ## Create .venv and install KernelFleet (editable) with its dev tools
+
+run: $(STAMP) ## Coordinator + dashboard + one local worker on SQLite (http://127.0.0.1:8600)
+	$(BIN)/kernelfleet db upgrade
+	$(BIN)/kernelfleet serve --host $(HOST) --port $(PORT) --local-worker
+
+test: lint typecheck pytest ## Everything CI checks: ruff, mypy and pytest
+
+lint: $(STAMP) ## ruff
+	$(BIN)/ruff check .
+
+typecheck: $(STAMP) ## mypy over service/, worker/, kernels/ and web/
+	$(BIN)/mypy service worker kernels web
+
+pytest: $(STAMP) ## pytest (SQLite always; PostgreSQL too when KERNELFLEET_TEST_POSTGRES_URL is set)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+bench-kernels: $(STAMP) ## Kernel speed: tuned vs MLX built-in vs copy bandwidth, on this machine's GPU
+	$(BIN)/python benchmarks/kernels.py
+
+bench-search: $(STAMP) ## Successive halving vs exhaustive search: quality and time
+	$(BIN)/python benchmarks/search.py
+
+bench-dashboard: $(STAMP) ## Dashboard page server times over 1,000,000 stored trials
+	$(BIN)/python benchmarks/dashboard.py
+
+bench-detector: $(STAMP) ## Regression detector vs a peer on labelled synthetic series
+	$(BIN)/python benchmarks/detector.py
+
+clean: ## Remove the virtualenv and caches
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info

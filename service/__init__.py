@@ -1,0 +1,1 @@
+"""KernelFleet coordinator: settings, storage, leasing, auth and the HTTP API."""

@@ -1,0 +1,115 @@
+"""Engine and session construction for SQLite and PostgreSQL.
+
+SQLite runs in WAL mode with a busy timeout. Transactions that write start with
+``BEGIN IMMEDIATE`` (see :func:`immediate`), so the leasing ``UPDATE ... RETURNING``
+is atomic against other writers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import DateTime, Engine, create_engine, event, literal
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.expression import ColumnElement, FunctionElement
+from sqlalchemy.orm import Session, sessionmaker
+
+
+def is_sqlite(url_or_engine: str | Engine) -> bool:
+    url = url_or_engine.url if isinstance(url_or_engine, Engine) else make_url(url_or_engine)
+    return url.get_backend_name() == "sqlite"
+
+
+def normalize_url(url: str) -> str:
+    """Use psycopg 3 for plain ``postgresql://`` URLs."""
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    url = normalize_url(url)
+    if is_sqlite(url):
+        database = make_url(url).database
+        if database and database != ":memory:":
+            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, **kwargs)
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+            # Let SQLAlchemy, not pysqlite, emit BEGIN (so BEGIN IMMEDIATE works).
+            dbapi_connection.isolation_level = None
+            cur = dbapi_connection.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn: Any) -> None:
+            mode = "IMMEDIATE" if conn.get_execution_options().get("sqlite_immediate") else "DEFERRED"
+            conn.exec_driver_sql(f"BEGIN {mode}")
+
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    kwargs.setdefault("pool_size", 10)
+    kwargs.setdefault("max_overflow", 20)
+    return create_engine(url, **kwargs)
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+@contextmanager
+def immediate(session: Session) -> Iterator[Session]:
+    """A write transaction that takes SQLite's write lock up front (``BEGIN IMMEDIATE``).
+
+    On PostgreSQL it is a plain transaction. Commits on success, rolls back on error.
+    The session must not already be in a transaction.
+    """
+    with session.begin():
+        session.connection(execution_options={"sqlite_immediate": True})
+        yield session
+
+
+class db_now(FunctionElement[datetime]):  # noqa: N801 - reads like the SQL function it renders
+    """The database clock, optionally shifted: ``db_now()``, ``db_now(30.0)``, ``db_now(col)``.
+
+    Rendered as ``now() + make_interval(secs => x)`` on PostgreSQL and as
+    ``strftime('%Y-%m-%d %H:%M:%f', 'now', x || ' seconds')`` on SQLite (UTC, millisecond precision).
+    All lease, heartbeat and result times come from this, never from the coordinator's clock.
+    """
+
+    type = DateTime(timezone=True)
+    inherit_cache = True
+    name = "db_now"
+
+    def __init__(self, seconds: float | ColumnElement[Any] | None = None) -> None:
+        if seconds is None:
+            super().__init__()
+        else:
+            super().__init__(seconds if isinstance(seconds, ColumnElement) else literal(float(seconds)))
+
+
+@compiles(db_now, "postgresql")
+def _db_now_pg(element: db_now, compiler: Any, **kw: Any) -> str:
+    args = list(element.clauses)
+    if not args:
+        return "now()"
+    return f"(now() + make_interval(secs => CAST({compiler.process(args[0], **kw)} AS double precision)))"
+
+
+@compiles(db_now, "sqlite")
+def _db_now_sqlite(element: db_now, compiler: Any, **kw: Any) -> str:
+    args = list(element.clauses)
+    if not args:
+        return "strftime('%Y-%m-%d %H:%M:%f', 'now')"
+    shift = compiler.process(args[0], **kw)
+    return f"strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', {shift}))"

@@ -1,0 +1,260 @@
+"""ORM rows. The schema changes only through Alembic migrations (migrations/versions).
+
+Times are timezone-aware UTC and are set from the database clock (``func.now()``),
+never from the coordinator's own clock.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Enum,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+def _enum(cls: type[enum.Enum]) -> Enum:
+    return Enum(cls, native_enum=False, length=24, values_callable=lambda e: [m.value for m in e],
+                validate_strings=True)
+
+
+class Backend(enum.StrEnum):
+    metal = "metal"
+    cuda = "cuda"
+    cpu = "cpu"
+
+
+class JobState(enum.StrEnum):
+    queued = "queued"
+    leased = "leased"
+    done = "done"
+    dead = "dead"
+
+
+class JobKind(enum.StrEnum):
+    tune = "tune"
+    confirm = "confirm"  # a confirmation re-run asked for by the regression detector
+
+
+class TrialStatus(enum.StrEnum):
+    ok = "ok"
+    compile_error = "compile_error"
+    launch_error = "launch_error"
+    mismatch = "mismatch"
+
+
+class RegressionStatus(enum.StrEnum):
+    confirming = "confirming"  # suspected; a confirmation job is queued
+    open = "open"  # confirmed, not yet acknowledged
+    acknowledged = "acknowledged"
+    dismissed = "dismissed"  # the confirmation run did not reproduce it
+
+
+TZ = DateTime(timezone=True)
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    token_digest: Mapped[str] = mapped_column(String(64), unique=True)
+    chip: Mapped[str] = mapped_column(String(128), index=True)
+    backend: Mapped[Backend] = mapped_column(_enum(Backend))
+    gpu_cores: Mapped[int | None] = mapped_column(Integer)
+    memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    os: Mapped[str] = mapped_column(String(128), default="")
+    mlx_version: Mapped[str] = mapped_column(String(64), default="")
+    driver: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column(TZ)
+    revoked_at: Mapped[datetime | None] = mapped_column(TZ)
+
+
+class EnrollmentToken(Base):
+    __tablename__ = "enrollment_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    token_digest: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    expires_at: Mapped[datetime] = mapped_column(TZ)
+    used_at: Mapped[datetime | None] = mapped_column(TZ)
+    worker_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id", ondelete="SET NULL"))
+
+
+class Campaign(Base):
+    __tablename__ = "campaigns"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    target_backend: Mapped[Backend | None] = mapped_column(_enum(Backend))
+    target_chip: Mapped[str | None] = mapped_column(String(128))  # SQL LIKE-free glob, matched by the lease
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # {"kernels": [...], "shapes": [...], "dtypes": [...]}
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+
+    jobs: Mapped[list[Job]] = relationship(back_populates="campaign", lazy="raise")
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        Index("ix_jobs_lease_pick", "state", "available_at", "id"),
+        Index("ix_jobs_campaign_state", "campaign_id", "state"),
+        Index("ix_jobs_leased_expiry", "state", "lease_expires_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    campaign_id: Mapped[int | None] = mapped_column(ForeignKey("campaigns.id", ondelete="CASCADE"))
+    kind: Mapped[JobKind] = mapped_column(_enum(JobKind), default=JobKind.tune)
+    kernel: Mapped[str] = mapped_column(String(64))
+    shape: Mapped[str] = mapped_column(String(128))  # e.g. "4096x4096"
+    dtype: Mapped[str] = mapped_column(String(16))
+    target_backend: Mapped[Backend | None] = mapped_column(_enum(Backend))
+    target_chip: Mapped[str | None] = mapped_column(String(128))  # exact chip or glob pattern
+    state: Mapped[JobState] = mapped_column(_enum(JobState), default=JobState.queued)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    lease_token: Mapped[str | None] = mapped_column(String(64))
+    leased_by: Mapped[int | None] = mapped_column(ForeignKey("workers.id", ondelete="SET NULL"), index=True)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(TZ)
+    available_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    finished_at: Mapped[datetime | None] = mapped_column(TZ)
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+    campaign: Mapped[Campaign | None] = relationship(back_populates="jobs", lazy="raise")
+
+
+class Result(Base):
+    """One accepted tuning run: the job's result, stored in the transaction that completes it."""
+
+    __tablename__ = "results"
+    __table_args__ = (
+        Index("ix_results_series", "chip", "kernel", "shape", "dtype", "created_at"),
+        Index("ix_results_kernel_created", "kernel", "created_at"),
+        Index("ix_results_worker_created", "worker_id", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), unique=True)
+    worker_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id", ondelete="SET NULL"))
+    lease_token: Mapped[str | None] = mapped_column(String(64))
+    payload_digest: Mapped[str] = mapped_column(String(64))
+    response: Mapped[dict[str, Any]] = mapped_column(JSON)  # what the completion call answered
+    source: Mapped[str] = mapped_column(String(16), default="lease")  # lease | import
+    kernel: Mapped[str] = mapped_column(String(64))
+    shape: Mapped[str] = mapped_column(String(128))
+    dtype: Mapped[str] = mapped_column(String(16))
+    chip: Mapped[str] = mapped_column(String(128))
+    backend: Mapped[str] = mapped_column(String(16))
+    mlx_version: Mapped[str] = mapped_column(String(64))
+    os: Mapped[str] = mapped_column(String(128))
+    driver: Mapped[str | None] = mapped_column(String(128))
+    kernel_hash: Mapped[str] = mapped_column(String(64))
+    strategy: Mapped[str] = mapped_column(String(32), default="")
+    best_config_key: Mapped[str | None] = mapped_column(String(256))  # None when every trial failed
+    best_is_builtin: Mapped[bool] = mapped_column(Boolean, default=False)
+    best_median_us: Mapped[float | None] = mapped_column(Float)
+    best_p10_us: Mapped[float | None] = mapped_column(Float)
+    best_p90_us: Mapped[float | None] = mapped_column(Float)
+    builtin_median_us: Mapped[float | None] = mapped_column(Float)
+    golden: Mapped[dict[str, Any]] = mapped_column(JSON)  # digest, stats, bounded strided sample
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+
+    trials: Mapped[list[Trial]] = relationship(back_populates="result", lazy="raise",
+                                               cascade="all, delete-orphan")
+
+
+class Trial(Base):
+    __tablename__ = "trials"
+    __table_args__ = (Index("ix_trials_result", "result_id", "config_key"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    result_id: Mapped[int] = mapped_column(ForeignKey("results.id", ondelete="CASCADE"))
+    config_key: Mapped[str] = mapped_column(String(256))
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    is_builtin: Mapped[bool] = mapped_column(Boolean, default=False)
+    status: Mapped[TrialStatus] = mapped_column(_enum(TrialStatus))
+    error: Mapped[str | None] = mapped_column(Text)
+    median_us: Mapped[float | None] = mapped_column(Float)
+    p10_us: Mapped[float | None] = mapped_column(Float)
+    p90_us: Mapped[float | None] = mapped_column(Float)
+    n: Mapped[int] = mapped_column(Integer, default=0)
+    samples_us: Mapped[list[Any] | None] = mapped_column(JSON)  # raw samples; None when capped
+    max_abs_err: Mapped[float | None] = mapped_column(Float)
+    max_rel_err: Mapped[float | None] = mapped_column(Float)
+
+    result: Mapped[Result] = relationship(back_populates="trials", lazy="raise")
+
+
+class Regression(Base):
+    __tablename__ = "regressions"
+    __table_args__ = (
+        Index("ix_regressions_series", "chip", "kernel", "shape", "dtype"),
+        Index("ix_regressions_status_detected", "status", "detected_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    group_key: Mapped[str] = mapped_column(String(256), index=True)  # one alert per cause across chips
+    kernel: Mapped[str] = mapped_column(String(64))
+    shape: Mapped[str] = mapped_column(String(128))
+    dtype: Mapped[str] = mapped_column(String(16))
+    chip: Mapped[str] = mapped_column(String(128))
+    config_key: Mapped[str | None] = mapped_column(String(256))
+    status: Mapped[RegressionStatus] = mapped_column(_enum(RegressionStatus))
+    detector: Mapped[str] = mapped_column(String(32))  # step | changepoint
+    baseline_median_us: Mapped[float] = mapped_column(Float)
+    new_median_us: Mapped[float] = mapped_column(Float)
+    effect: Mapped[float] = mapped_column(Float)  # new / baseline - 1
+    p_value: Mapped[float | None] = mapped_column(Float)
+    cause: Mapped[dict[str, Any]] = mapped_column(JSON)  # {"mlx_version": ["0.32.3", "0.32.4"], ...}
+    baseline_result_id: Mapped[int | None] = mapped_column(ForeignKey("results.id", ondelete="SET NULL"))
+    result_id: Mapped[int | None] = mapped_column(ForeignKey("results.id", ondelete="SET NULL"))
+    confirm_job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
+    detected_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    acknowledged_at: Mapped[datetime | None] = mapped_column(TZ)
+    acknowledged_note: Mapped[str | None] = mapped_column(Text)
+
+
+class Profile(Base):
+    __tablename__ = "profiles"
+    __table_args__ = (UniqueConstraint("chip", "mlx_version", "version", name="uq_profiles_chip_mlx_version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    chip: Mapped[str] = mapped_column(String(128), index=True)
+    mlx_version: Mapped[str | None] = mapped_column(String(64))
+    version: Mapped[int] = mapped_column(Integer)
+    etag: Mapped[str] = mapped_column(String(64))
+    body: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())

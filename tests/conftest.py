@@ -1,0 +1,173 @@
+"""Shared fixtures: fresh databases (SQLite file, and PostgreSQL when configured) and a real
+coordinator running under uvicorn in a subprocess.
+
+Every test that takes ``db_url`` (or ``coordinator``) runs once on SQLite and, when
+``KERNELFLEET_TEST_POSTGRES_URL`` is set, once more on its own fresh PostgreSQL database.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy.engine import make_url
+
+POSTGRES_URL = os.environ.get("KERNELFLEET_TEST_POSTGRES_URL")
+BACKENDS = ["sqlite"] + (["postgres"] if POSTGRES_URL else [])
+
+
+def kernelfleet_cmd(*args: str) -> list[str]:
+    """The CLI as a user runs it, from this interpreter's environment."""
+    return [sys.executable, "-m", "kernelfleet.worker.cli", *args]
+
+
+def _create_pg_database() -> tuple[str, str]:
+    import psycopg
+
+    base = make_url(POSTGRES_URL or "")
+    name = "kf_" + secrets.token_hex(6)
+    admin = base.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return name, base.set(database=name, drivername="postgresql+psycopg").render_as_string(hide_password=False)
+
+
+def _drop_pg_database(name: str) -> None:
+    import psycopg
+
+    admin = make_url(POSTGRES_URL or "").set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=BACKENDS)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty (un-migrated) database URL."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'kernelfleet.db'}"
+        return
+    request.applymarker(pytest.mark.postgres)
+    name, url = _create_pg_database()
+    try:
+        yield url
+    finally:
+        _drop_pg_database(name)
+
+
+@pytest.fixture
+def migrated_db_url(db_url: str) -> str:
+    subprocess.run(kernelfleet_cmd("db", "upgrade", "--database-url", db_url), check=True,
+                   capture_output=True, text=True)
+    return db_url
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Coordinator:
+    """A real ``kernelfleet serve`` process. ``stop()``/``start()`` restart it on the same port and DB."""
+
+    db_url: str
+    workdir: Path
+    admin_token: str = field(default_factory=lambda: "adm-" + secrets.token_urlsafe(24))
+    port: int = field(default_factory=free_port)
+    env_overrides: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    _logs: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"coordinator-{self._logs}.log"
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({
+            "KERNELFLEET_DATABASE_URL": self.db_url,
+            "KERNELFLEET_ADMIN_TOKEN": self.admin_token,
+            "PYTHONUNBUFFERED": "1",
+        })
+        env.update(self.env_overrides)
+        return env
+
+    def start(self, timeout: float = 30.0) -> None:
+        assert self.proc is None, "already running"
+        self._logs += 1
+        log = open(self.log_path, "wb")  # noqa: SIM115 - closed with the process
+        self.proc = subprocess.Popen(
+            kernelfleet_cmd("serve", "--host", "127.0.0.1", "--port", str(self.port)),
+            env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"coordinator exited early:\n{self.logs()}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"coordinator did not become healthy:\n{self.logs()}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.workdir.glob("coordinator-*.log")))
+
+    def admin(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url + "/api/v1", timeout=30.0,
+                            headers={"Authorization": f"Bearer {self.admin_token}"})
+
+    def client(self, token: str | None = None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url + "/api/v1", timeout=30.0, headers=headers)
+
+
+@pytest.fixture
+def coordinator_factory(migrated_db_url: str, tmp_path: Path) -> Iterator[object]:
+    """Build coordinators with custom settings: ``coordinator_factory(KERNELFLEET_LEASE_SECONDS="2")``."""
+    made: list[Coordinator] = []
+
+    def make(**env: str) -> Coordinator:
+        c = Coordinator(db_url=migrated_db_url, workdir=tmp_path, env_overrides=env)
+        c.start()
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.stop()
+
+
+@pytest.fixture
+def coordinator(coordinator_factory) -> Coordinator:  # type: ignore[no-untyped-def]
+    """A running coordinator on a fresh, migrated database (SQLite, and PostgreSQL when configured)."""
+    return coordinator_factory()  # type: ignore[no-any-return, operator]
