@@ -2,4 +2,127 @@
 
 Importable with only ``mlx`` and ``numpy`` (no pydantic, FastAPI or SQLAlchemy), so it runs on a
 bare GPU host.
+
+Vocabulary
+- shape: a tuple of positive ints, written ``"4096x4096"`` on the wire; each kernel says what its
+  dimensions mean (e.g. rows x cols).
+- config: a flat ``dict[str, int | str]`` of parameter values, e.g. ``{"tg": 256, "vec": 4}``.
+  The MLX built-in is the config ``{"variant": "builtin"}``.
+- config key: the canonical string of a config (:func:`config_key`), e.g. ``"tg=256,vec=4"`` or
+  ``"builtin"``; it names a trial in results and profiles.
+- A kernel call takes a list of input arrays and returns a list of output arrays (most kernels
+  return one).
 """
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import mlx.core as mx
+
+Shape = tuple[int, ...]
+Config = dict[str, Any]
+KernelFn = Callable[[Sequence[mx.array]], list[mx.array]]
+GpuBackend = Literal["metal", "cuda"]
+
+BUILTIN: Config = {"variant": "builtin"}
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+class KernelError(Exception):
+    """Base class for errors raised by the kernel catalog."""
+
+
+class UnknownKernel(KernelError):
+    pass
+
+
+class BadShape(KernelError):
+    pass
+
+
+class UnsupportedDtype(KernelError):
+    pass
+
+
+class KernelBuildError(KernelError):
+    """The rendered kernel could not be built (compile error) for this backend."""
+
+
+def config_key(config: Mapping[str, Any]) -> str:
+    if dict(config) == BUILTIN:
+        return "builtin"
+    return ",".join(f"{k}={config[k]}" for k in sorted(config))
+
+
+def parse_config_key(key: str) -> Config:
+    if key == "builtin":
+        return dict(BUILTIN)
+    out: Config = {}
+    for part in key.split(","):
+        k, _, v = part.partition("=")
+        out[k] = int(v) if v.lstrip("-").isdigit() else v
+    return out
+
+
+def parse_shape(text: str) -> Shape:
+    """``"4096x4096"`` -> ``(4096, 4096)``; raises :class:`BadShape` with a clear message."""
+    parts = text.lower().replace("×", "x").split("x")
+    try:
+        dims = tuple(int(p) for p in parts)
+    except ValueError:
+        raise BadShape(f"malformed shape {text!r}: expected positive integers joined by 'x', like 4096x4096") from None
+    if not dims or any(d <= 0 for d in dims):
+        raise BadShape(f"malformed shape {text!r}: every dimension must be a positive integer")
+    return dims
+
+
+def format_shape(shape: Shape) -> str:
+    return "x".join(str(d) for d in shape)
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One catalog kernel. Each module in ``kernelfleet.kernels`` exports one as ``SPEC``.
+
+    Attributes the tuner relies on (documented here; implementations live in the kernel modules):
+
+    - ``name``, ``description``; ``dtypes`` it supports; ``rank`` / ``shape_doc`` describing shapes;
+      ``shapes``: ``{"decode": [...], "large": [...]}`` used by benchmarks.
+    - ``make_inputs(shape, dtype, seed) -> list[mx.array]``: deterministic (numpy RNG) inputs.
+    - ``reference(inputs) -> list[mx.array]``: plain MLX ops computed in float32.
+    - ``builtin(inputs) -> list[mx.array]``: the MLX built-in (``mx.fast.*``, ``mx.softmax``, an
+      ``mx.compile``d composition); always available, on every backend including CPU.
+    - ``space(shape, dtype) -> list[Config]``: the valid custom configs (constraints applied).
+    - ``build(config, backend, shape, dtype) -> KernelFn``: the custom kernel rendered for ``backend``
+      (raises :class:`KernelBuildError`).
+    - ``tolerance(dtype) -> Tolerance``.
+    - ``bytes_moved(shape, dtype) -> int``: minimum bytes read + written, for achieved bandwidth.
+    - ``version``: a hash of the kernel's sources (body, rendering, spec module).
+    """
+
+    name: str
+    description: str
+    dtypes: tuple[str, ...]
+    shape_doc: str
+    shapes: Mapping[str, Sequence[Shape]]
+    make_inputs: Callable[[Shape, str, int], list[mx.array]]
+    reference: Callable[[Sequence[mx.array]], list[mx.array]]
+    builtin: Callable[[Sequence[mx.array]], list[mx.array]]
+    space: Callable[[Shape, str], list[Config]]
+    build: Callable[[Config, GpuBackend, Shape, str], KernelFn]
+    tolerances: Mapping[str, Tolerance]
+    bytes_moved: Callable[[Shape, str], int]
+    version: str
+    validate_shape: Callable[[Shape], None] = field(default=lambda shape: None)
+
+    def tolerance(self, dtype: str) -> Tolerance:
+        return self.tolerances[dtype]
