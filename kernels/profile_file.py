@@ -1,0 +1,65 @@
+"""KernelFleet's own per-chip profile file, as written by ``kernelfleet pull`` and read at call time.
+
+Importable with only the standard library, mlx and numpy.
+
+File (JSON)::
+
+    {"schema": "kernelfleet-profile/1", "chip": "Apple M3 Max", "mlx_version": "0.32.4" | null,
+     "version": 7, "etag": "...",
+     "entries": [{"kernel": "rmsnorm", "shape": "4096x4096", "dtype": "float16",
+                  "config": {"tg": 256, "vec": 4} | {"variant": "builtin"}, "config_key": "tg=256,vec=4",
+                  "median_us": 41.2, "speedup": 1.31, "predicted": false}, ...]}
+
+Location: ``$KERNELFLEET_PROFILE_DIR`` or ``<user data dir>/profiles``, one file per chip
+(:func:`profile_path`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "kernelfleet-profile/1"
+
+
+def profile_dir() -> Path:
+    env = os.environ.get("KERNELFLEET_PROFILE_DIR")
+    if env:
+        return Path(env)
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("kernelfleet", appauthor=False)) / "profiles"
+
+
+def chip_slug(chip: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", chip).strip("_") or "unknown"
+
+
+def profile_path(chip: str) -> Path:
+    return profile_dir() / f"{chip_slug(chip)}.json"
+
+
+@lru_cache(maxsize=16)
+def _load(path: str, mtime_ns: int) -> dict[tuple[str, str, str], dict[str, Any]]:
+    data = json.loads(Path(path).read_text())
+    if data.get("schema") != SCHEMA:
+        return {}
+    return {(e["kernel"], e["shape"], e["dtype"]): e for e in data.get("entries", [])}
+
+
+def lookup(kernel: str, shape: str, dtype: str, chip: str) -> dict[str, Any] | None:
+    """The profile entry for (kernel, shape, dtype) on ``chip``, or None when there is none.
+
+    A missing or unreadable file means "no profile": the caller uses the kernel's default.
+    """
+    path = profile_path(chip)
+    try:
+        stat = path.stat()
+        entries = _load(str(path), stat.st_mtime_ns)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return entries.get((kernel, shape, dtype))
