@@ -1,7 +1,106 @@
-"""Placeholder: commands are registered here (being written this session)."""
+"""Coordinator commands: ``serve``, ``db upgrade``, plus ``admin ...`` and ``import`` (HTTP clients)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
 
 import typer
+from kernelfleet.service import admin_cli, import_cli
+from kernelfleet.service.settings import Settings
+from rich.console import Console
+from sqlalchemy.exc import SQLAlchemyError
+
+err = Console(stderr=True)
+out = Console()
+logger = logging.getLogger(__name__)
+
+db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True)
+
+DatabaseUrl = Annotated[str | None, typer.Option(
+    "--database-url",
+    help="Database URL (default: KERNELFLEET_DATABASE_URL, else a SQLite file in the user's data directory)")]
+
+
+def _settings(**overrides: object) -> Settings:
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def serve(
+    host: Annotated[str | None, typer.Option(help="Address to bind "
+                                             "(default KERNELFLEET_HOST or 127.0.0.1)")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default KERNELFLEET_PORT or 8600)")] = None,
+    database_url: DatabaseUrl = None,
+    local_worker: Annotated[bool, typer.Option("--local-worker", help="Also run one worker agent on this "
+                                               "machine, enrolled automatically")] = False,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
+) -> None:
+    """Run the coordinator (API under /api/v1, docs under /docs, health at /healthz)."""
+    import uvicorn
+    from kernelfleet.service.app import create_app
+    from kernelfleet.service.local_admin import admin_token_path, ensure_admin_token
+    from kernelfleet.service.local_worker import LocalWorker
+    from kernelfleet.service.migrate import SchemaNotCurrent
+
+    settings = _settings(host=host, port=port, database_url=database_url)
+    try:
+        app = create_app(settings)
+    except SchemaNotCurrent as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(1) from None
+    except SQLAlchemyError as e:
+        where = settings.database_url.split("@")[-1]
+        reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+        err.print(f"[bold red]error:[/] cannot open the database ({where}): {reason}", highlight=False)
+        raise typer.Exit(1) from None
+    token, generated = ensure_admin_token(settings)
+    settings.admin_token = token
+    if generated:
+        out.print(f"Generated an admin token (kept in {admin_token_path(settings)}, mode 0600; "
+                  f"shown only this once):\n  {token}", highlight=False, soft_wrap=True)
+    elif token is None:
+        err.print("[yellow]warning:[/] no KERNELFLEET_ADMIN_TOKEN is set: admin routes refuse every request")
+    url_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
+                            proxy_headers=True, timeout_graceful_shutdown=10)
+    server = uvicorn.Server(config)
+    worker = None
+    if local_worker:
+        worker = LocalWorker(app.state.session_factory, f"http://{url_host}:{settings.port}",
+                             settings.resolved_data_dir())
+        worker.start()
+    try:
+        server.run()
+    finally:
+        if worker is not None:
+            worker.stop()
+    if not server.started:
+        raise typer.Exit(1)
+
+
+@db_app.command("upgrade")
+def db_upgrade(database_url: DatabaseUrl = None) -> None:
+    """Create or upgrade the schema to the newest revision."""
+    from kernelfleet.service.db import make_engine
+    from kernelfleet.service.migrate import current_revision, head_revision, upgrade
+
+    url = _settings(database_url=database_url).database_url
+    try:
+        upgrade(url)
+        engine = make_engine(url)
+        try:
+            rev = current_revision(engine)
+        finally:
+            engine.dispose()
+    except SQLAlchemyError as e:
+        reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+        err.print(f"[bold red]error:[/] cannot upgrade the database: {reason}", highlight=False)
+        raise typer.Exit(1) from None
+    out.print(f"database at revision {rev} (head {head_revision(url)})")
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the main app."""
+    app.command("serve")(serve)
+    app.add_typer(db_app, name="db")
+    admin_cli.register(app)
+    import_cli.register(app)

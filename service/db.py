@@ -16,8 +16,8 @@ from typing import Any
 from sqlalchemy import DateTime, Engine, create_engine, event, literal
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql.expression import ColumnElement, FunctionElement
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.sql.expression import ColumnElement, FunctionElement
 
 
 def is_sqlite(url_or_engine: str | Engine) -> bool:

@@ -249,7 +249,9 @@ class Regression(Base):
 
 class Profile(Base):
     __tablename__ = "profiles"
-    __table_args__ = (UniqueConstraint("chip", "mlx_version", "version", name="uq_profiles_chip_mlx_version"),)
+    __table_args__ = (
+        UniqueConstraint("chip", "mlx_version", "version", name="uq_profiles_chip_mlx_version"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     chip: Mapped[str] = mapped_column(String(128), index=True)

@@ -8,6 +8,7 @@ from pathlib import Path
 from platformdirs import user_data_dir
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import make_url
 
 
 def default_data_dir() -> Path:
@@ -23,6 +24,9 @@ class Settings(BaseSettings):
 
     database_url: str = Field(default_factory=default_database_url)
     admin_token: str | None = None
+    # where local state lives (generated admin token, the local worker's state); defaults to the
+    # SQLite database's folder, or the user's data directory for PostgreSQL
+    data_dir: Path | None = None
     host: str = "127.0.0.1"
     port: int = 8600
     # leasing
@@ -40,6 +44,20 @@ class Settings(BaseSettings):
     # regression detection
     regression_min_effect: float = 0.03
     regression_history_runs: int = 20
+
+    @property
+    def is_local(self) -> bool:
+        """Local mode: the database is a SQLite file on this machine."""
+        return self.database_url.startswith("sqlite")
+
+    def resolved_data_dir(self) -> Path:
+        if self.data_dir is not None:
+            return self.data_dir.expanduser()
+        if self.is_local:
+            database = make_url(self.database_url).database
+            if database and database != ":memory:":
+                return Path(database).expanduser().resolve().parent
+        return default_data_dir()
 
 
 @lru_cache(maxsize=1)

@@ -1,0 +1,29 @@
+"""Campaigns (admin): create, list, show with progress counts."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, status
+from kernelfleet.service.campaigns import create_campaign, get_campaign, list_campaigns
+from kernelfleet.service.deps import AdminDep, SessionDep, SettingsDep
+from kernelfleet.service.schemas import CampaignIn, CampaignOut
+
+router = APIRouter(tags=["campaigns"])
+
+
+@router.post("/campaigns", status_code=status.HTTP_201_CREATED)
+def create(body: CampaignIn, _: AdminDep, session: SessionDep, settings: SettingsDep) -> CampaignOut:
+    campaign_id = create_campaign(session, body, settings.max_attempts)
+    return get_campaign(session, campaign_id)
+
+
+@router.get("/campaigns")
+def index(_: AdminDep, session: SessionDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+          offset: Annotated[int, Query(ge=0)] = 0) -> list[CampaignOut]:
+    return list_campaigns(session, limit, offset)
+
+
+@router.get("/campaigns/{campaign_id}")
+def show(campaign_id: int, _: AdminDep, session: SessionDep) -> CampaignOut:
+    return get_campaign(session, campaign_id)

@@ -1,0 +1,21 @@
+"""``GET /healthz``: the process is up and the database answers."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from kernelfleet.service.deps import SessionDep
+from kernelfleet.service.schemas import Health
+from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", response_model=Health, responses={503: {"model": Health}})
+def healthz(session: SessionDep) -> Health | JSONResponse:
+    try:
+        session.execute(text("SELECT 1"))
+    except SQLAlchemyError:
+        return JSONResponse(status_code=503, content={"status": "degraded", "database": "unreachable"})
+    return Health(status="ok", database="ok")

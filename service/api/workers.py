@@ -1,0 +1,27 @@
+"""Workers: ``GET /workers`` and ``POST /workers/{id}/revoke`` (admin), ``GET /workers/me`` (worker)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from kernelfleet.service.deps import AdminDep, SessionDep, WorkerDep
+from kernelfleet.service.enrollment import revoke_worker
+from kernelfleet.service.models import Worker
+from kernelfleet.service.schemas import WorkerOut
+from sqlalchemy import select
+
+router = APIRouter(tags=["workers"])
+
+
+@router.get("/workers")
+def list_workers(_: AdminDep, session: SessionDep) -> list[WorkerOut]:
+    return [WorkerOut.model_validate(w) for w in session.scalars(select(Worker).order_by(Worker.id)).all()]
+
+
+@router.get("/workers/me")
+def me(worker: WorkerDep) -> WorkerOut:
+    return WorkerOut.model_validate(worker)
+
+
+@router.post("/workers/{worker_id}/revoke")
+def revoke(worker_id: int, _: AdminDep, session: SessionDep) -> WorkerOut:
+    return WorkerOut.model_validate(revoke_worker(session, worker_id))

@@ -1,0 +1,97 @@
+"""The FastAPI application: ``create_app(settings)``.
+
+Routers are listed in :data:`API_ROUTERS` (mounted under /api/v1) and :data:`SITE_ROUTERS`
+(mounted at the root). Each entry is a module path exposing ``router``; add one line to mount yours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from kernelfleet.service.db import make_sessionmaker
+from kernelfleet.service.errors import CoordinatorError
+from kernelfleet.service.limits import BodyLimitMiddleware, describe_validation_errors
+from kernelfleet.service.migrate import make_checked_engine
+from kernelfleet.service.reaper import run_reaper
+from kernelfleet.service.settings import Settings
+from sqlalchemy import Engine
+from starlette.exceptions import HTTPException
+
+logger = logging.getLogger(__name__)
+
+API_PREFIX = "/api/v1"
+
+# ---- routers: one line per module exposing `router` -------------------------------------------
+API_ROUTERS: tuple[str, ...] = (
+    "kernelfleet.service.api.enrollment",
+    "kernelfleet.service.api.workers",
+    "kernelfleet.service.api.campaigns",
+    "kernelfleet.service.api.jobs",
+    "kernelfleet.service.api.leases",
+    "kernelfleet.service.api.results",
+    # H6: "kernelfleet.service.api.regressions",
+    # H6: "kernelfleet.service.api.profiles",
+)
+SITE_ROUTERS: tuple[str, ...] = (
+    "kernelfleet.service.api.health",
+    # H5: "kernelfleet.web.routes",
+)
+# ------------------------------------------------------------------------------------------------
+
+
+def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
+    """Build the coordinator. Raises :class:`~kernelfleet.service.migrate.SchemaNotCurrent` when the
+    database is not migrated to head."""
+    engine = engine or make_checked_engine(settings.database_url)
+    session_factory = make_sessionmaker(engine)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        reaper = asyncio.create_task(run_reaper(session_factory, settings), name="kernelfleet-reaper")
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            with suppress(asyncio.CancelledError):
+                await reaper
+            engine.dispose()
+
+    app = FastAPI(
+        title="KernelFleet coordinator",
+        version="0.1.0",
+        description="Workers enroll, lease tuning jobs and report results; admins run campaigns.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.session_factory = session_factory
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+
+    @app.exception_handler(CoordinatorError)
+    async def _coordinator_error(_request: Request, exc: CoordinatorError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        return JSONResponse(status_code=exc.status_code, content={"detail": exc.message}, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": describe_validation_errors(exc.errors())})
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_request: Request, exc: HTTPException) -> JSONResponse:
+        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 404 and detail == "Not Found":
+            detail = "no such route: see /docs for the API"
+        return JSONResponse(status_code=exc.status_code, content={"detail": detail}, headers=exc.headers)
+
+    for module in API_ROUTERS:
+        app.include_router(importlib.import_module(module).router, prefix=API_PREFIX)
+    for module in SITE_ROUTERS:
+        app.include_router(importlib.import_module(module).router)
+    return app

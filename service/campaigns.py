@@ -1,0 +1,65 @@
+"""Campaigns: kernels x shapes x dtypes, expanded into one job each; progress counts per state."""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+
+from kernelfleet.service.db import immediate
+from kernelfleet.service.errors import NotFound
+from kernelfleet.service.models import Backend, Campaign, Job, JobKind, JobState
+from kernelfleet.service.schemas import CampaignIn, CampaignOut, Progress
+from sqlalchemy import func, insert, select
+from sqlalchemy.orm import Session
+
+
+def create_campaign(session: Session, body: CampaignIn, default_max_attempts: int) -> int:
+    max_attempts = body.max_attempts or default_max_attempts
+    backend = Backend(body.target_backend) if body.target_backend else None
+    with immediate(session):
+        campaign = Campaign(name=body.name, target_backend=backend, target_chip=body.target_chip,
+                            max_attempts=max_attempts,
+                            spec={"kernels": body.kernels, "shapes": body.shapes, "dtypes": body.dtypes})
+        session.add(campaign)
+        session.flush()
+        session.execute(insert(Job), [
+            {"campaign_id": campaign.id, "kind": JobKind.tune, "kernel": k, "shape": s, "dtype": d,
+             "target_backend": backend, "target_chip": body.target_chip, "state": JobState.queued,
+             "attempts": 0, "max_attempts": max_attempts}
+            for k, s, d in itertools.product(body.kernels, body.shapes, body.dtypes)
+        ])
+        campaign_id = campaign.id
+    return campaign_id
+
+
+def _progress(session: Session, ids: list[int]) -> dict[int, Progress]:
+    counts: dict[int, dict[str, int]] = defaultdict(dict)
+    if ids:
+        rows = session.execute(
+            select(Job.campaign_id, Job.state, func.count()).where(Job.campaign_id.in_(ids))
+            .group_by(Job.campaign_id, Job.state)
+        ).all()
+        for cid, state, n in rows:
+            counts[cid][JobState(state).value] = n
+    return {cid: Progress(total=sum(counts[cid].values()), **counts[cid]) for cid in ids}
+
+
+def _out(c: Campaign, progress: Progress) -> CampaignOut:
+    return CampaignOut(id=c.id, name=c.name, kernels=list(c.spec.get("kernels", [])),
+                       shapes=list(c.spec.get("shapes", [])), dtypes=list(c.spec.get("dtypes", [])),
+                       target_backend=c.target_backend.value if c.target_backend else None,
+                       target_chip=c.target_chip, max_attempts=c.max_attempts, created_at=c.created_at,
+                       progress=progress)
+
+
+def get_campaign(session: Session, campaign_id: int) -> CampaignOut:
+    c = session.get(Campaign, campaign_id)
+    if c is None:
+        raise NotFound(f"campaign {campaign_id} does not exist")
+    return _out(c, _progress(session, [c.id])[c.id])
+
+
+def list_campaigns(session: Session, limit: int, offset: int) -> list[CampaignOut]:
+    rows = session.scalars(select(Campaign).order_by(Campaign.id.desc()).limit(limit).offset(offset)).all()
+    progress = _progress(session, [c.id for c in rows])
+    return [_out(c, progress[c.id]) for c in rows]

@@ -1,0 +1,79 @@
+"""Completing a leased job: the result is stored in the same transaction that marks the job done.
+
+- the current ``(job_id, lease_token)`` of this worker -> 201 and the result id
+- the same payload again for that lease -> the original response (200)
+- a different payload for that lease -> 422
+- a lease that is not the job's current one -> 409
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kernelfleet.service.db import db_now, immediate
+from kernelfleet.service.errors import Conflict, Invalid
+from kernelfleet.service.leasing import explain_stale
+from kernelfleet.service.models import Job, JobState, Result, Worker
+from kernelfleet.service.reports import store_report
+from kernelfleet.service.schemas import TuningReport
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+
+@dataclass(frozen=True)
+class Completion:
+    response: dict[str, Any]
+    created: bool  # False for a replay of an already accepted payload
+
+
+def _replay(session: Session, job_id: int, token: str, digest: str) -> Completion | None:
+    prior = session.scalars(select(Result).where(Result.job_id == job_id)).first()
+    if prior is None:
+        return None
+    if prior.lease_token != token:
+        raise Conflict(f"job {job_id} was already completed under another lease; this lease is stale")
+    if prior.payload_digest != digest:
+        raise Invalid(f"job {job_id} already has a different result for this lease; a lease accepts "
+                      f"exactly one result (resend the original payload, or lease a new job)")
+    return Completion(response=dict(prior.response), created=False)
+
+
+def complete(session: Session, worker: Worker, job_id: int, token: str, report: TuningReport) -> Completion:
+    digest = report.digest()
+    try:
+        with immediate(session):
+            replay = _replay(session, job_id, token, digest)
+            if replay is not None:
+                return replay
+            job = session.scalars(
+                select(Job).where(Job.id == job_id, Job.lease_token == token, Job.state == JobState.leased,
+                                  Job.leased_by == worker.id)
+            ).first()
+            if job is None:
+                raise explain_stale(session, job_id, token)
+            wanted = (job.kernel, job.shape, job.dtype)
+            got = (report.kernel, report.shape, report.dtype)
+            if wanted != got:
+                raise Invalid(f"job {job_id} is {'/'.join(wanted)} but the report is for {'/'.join(got)}")
+            done = session.execute(
+                update(Job).where(Job.id == job_id, Job.lease_token == token, Job.state == JobState.leased)
+                .values(state=JobState.done, finished_at=db_now(), lease_expires_at=None, updated_at=db_now(),
+                        last_error=None)
+                .returning(Job.id).execution_options(synchronize_session=False)
+            ).scalar()
+            if done is None:  # the reaper requeued it between our read and this write (PostgreSQL)
+                raise explain_stale(session, job_id, token)
+            result = store_report(session, report, source="lease", job_id=job_id, worker_id=worker.id,
+                                  lease_token=token)
+            response = {"result_id": result.id, "job_id": job_id, "state": "done"}
+            result.response = response
+        return Completion(response=response, created=True)
+    except IntegrityError:  # a concurrent identical completion won the unique(job_id) race
+        session.rollback()
+        with immediate(session):
+            replay = _replay(session, job_id, token, digest)
+        if replay is None:
+            raise Conflict(f"job {job_id} changed while completing it; retry the request") from None
+        return replay

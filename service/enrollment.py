@@ -1,0 +1,73 @@
+"""Enrollment: admins mint short-lived, single-use enrollment tokens; a worker trades one for its own
+token (shown once, stored as a SHA-256 digest)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from kernelfleet.service.auth import ENROLL_PREFIX, WORKER_PREFIX, digest, new_token
+from kernelfleet.service.db import db_now, immediate
+from kernelfleet.service.errors import NotFound, Unauthorized
+from kernelfleet.service.models import Backend, EnrollmentToken, Worker
+from kernelfleet.service.schemas import EnrollIn
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+
+def mint_enrollment_token(session: Session, ttl_seconds: float) -> tuple[str, datetime]:
+    token = new_token(ENROLL_PREFIX)
+    with immediate(session):
+        row = EnrollmentToken(token_digest=digest(token), expires_at=db_now(ttl_seconds))
+        session.add(row)
+        session.flush()
+        session.refresh(row)
+    return token, row.expires_at
+
+
+def enroll_worker(session: Session, body: EnrollIn) -> tuple[int, str]:
+    """Consume the enrollment token and create the worker; returns ``(worker_id, worker_token)``."""
+    wanted = digest(body.enrollment_token)
+    token = new_token(WORKER_PREFIX)
+    with immediate(session):
+        claimed = session.execute(
+            update(EnrollmentToken)
+            .where(EnrollmentToken.token_digest == wanted, EnrollmentToken.used_at.is_(None),
+                   EnrollmentToken.expires_at > db_now())
+            .values(used_at=db_now())
+            .returning(EnrollmentToken.id)
+            .execution_options(synchronize_session=False)
+        ).scalar()
+        if claimed is None:
+            raise _why_refused(session, wanted)
+        worker = Worker(name=body.name, token_digest=digest(token), chip=body.chip,
+                        backend=Backend(body.backend),
+                        gpu_cores=body.gpu_cores, memory_bytes=body.memory_bytes, os=body.os,
+                        mlx_version=body.mlx_version, driver=body.driver, last_heartbeat_at=db_now())
+        session.add(worker)
+        session.flush()
+        session.execute(update(EnrollmentToken).where(EnrollmentToken.id == claimed)
+                        .values(worker_id=worker.id).execution_options(synchronize_session=False))
+        worker_id = worker.id
+    return worker_id, token
+
+
+def _why_refused(session: Session, wanted: str) -> Unauthorized:
+    row = session.scalars(select(EnrollmentToken).where(EnrollmentToken.token_digest == wanted)).first()
+    if row is None:
+        return Unauthorized("unknown enrollment token: ask an admin for one "
+                            "(`kernelfleet admin enroll-token`)")
+    if row.used_at is not None:
+        return Unauthorized("this enrollment token was already used; each token enrolls one worker")
+    return Unauthorized("this enrollment token has expired; ask an admin for a new one")
+
+
+def revoke_worker(session: Session, worker_id: int) -> Worker:
+    with immediate(session):
+        worker = session.get(Worker, worker_id)
+        if worker is None:
+            raise NotFound(f"worker {worker_id} does not exist")
+        if worker.revoked_at is None:
+            session.execute(update(Worker).where(Worker.id == worker_id).values(revoked_at=db_now())
+                            .execution_options(synchronize_session=False))
+        session.refresh(worker)
+    return worker

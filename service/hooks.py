@@ -1,0 +1,46 @@
+"""Hooks run after a result is stored (completion or import), once its transaction has committed.
+
+Other parts of the coordinator register here, e.g. the regression detector::
+
+    from kernelfleet.service.hooks import on_result_stored
+
+    @on_result_stored
+    def detect(session_factory: sessionmaker[Session], result_id: int) -> None: ...
+
+A hook gets the session factory (it opens its own transaction) and the new result's id. A hook's
+exception is logged and never fails the request that stored the result.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from sqlalchemy.orm import Session, sessionmaker
+
+logger = logging.getLogger(__name__)
+
+ResultHook = Callable[[sessionmaker[Session], int], None]
+
+_hooks: list[ResultHook] = []
+
+
+def on_result_stored(fn: ResultHook) -> ResultHook:
+    """Register ``fn(session_factory, result_id)``; usable as a decorator. Registering twice is a no-op."""
+    if fn not in _hooks:
+        _hooks.append(fn)
+    return fn
+
+
+def registered_hooks() -> list[ResultHook]:
+    return list(_hooks)
+
+
+def run_result_hooks(session_factory: sessionmaker[Session], result_id: int) -> None:
+    """Call every hook for one stored result; log (never raise) a hook's failure."""
+    for fn in list(_hooks):
+        try:
+            fn(session_factory, result_id)
+        except Exception:  # a hook's bug must not fail the request that stored the result
+            name = getattr(fn, "__qualname__", repr(fn))
+            logger.exception("result hook %s failed for result %s", name, result_id)

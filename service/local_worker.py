@@ -1,0 +1,75 @@
+"""``kernelfleet serve --local-worker``: run one worker agent next to the coordinator as a child
+process, enrolled with an enrollment token minted directly in the database."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+from kernelfleet.service.enrollment import mint_enrollment_token
+from sqlalchemy.orm import Session, sessionmaker
+
+logger = logging.getLogger(__name__)
+
+STATE_DIR = "local-worker"
+TOKEN_FILE = "token"
+
+
+def worker_command(coordinator_url: str, state_dir: Path, enroll_token: str | None) -> list[str]:
+    cmd = [sys.executable, "-m", "kernelfleet.worker.cli", "worker", "--coordinator", coordinator_url]
+    if enroll_token is not None:
+        cmd += ["--enroll-token", enroll_token]
+    return [*cmd, "--state-dir", str(state_dir)]
+
+
+class LocalWorker:
+    """Starts the agent once the server answers /healthz; :meth:`stop` terminates it."""
+
+    def __init__(self, session_factory: sessionmaker[Session], coordinator_url: str, data_dir: Path,
+                 ttl_seconds: float = 600.0) -> None:
+        self.session_factory = session_factory
+        self.url = coordinator_url
+        self.state_dir = data_dir / STATE_DIR
+        self.ttl_seconds = ttl_seconds
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._start_when_healthy, name="local-worker", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _start_when_healthy(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                if httpx.get(self.url + "/healthz", timeout=2.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        if self._stopping.is_set():
+            return
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        enroll = None
+        if not (self.state_dir / TOKEN_FILE).exists():
+            with self.session_factory() as session:
+                enroll, _ = mint_enrollment_token(session, self.ttl_seconds)
+        cmd = worker_command(self.url, self.state_dir, enroll)
+        logger.info("starting the local worker (state in %s)", self.state_dir)
+        self.proc = subprocess.Popen(cmd)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        self._stopping.set()
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()  # SIGTERM: the agent releases its lease and exits
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,78 @@
+"""Storing tuning reports: the one function both job completion and admin import use.
+
+:func:`store_report` inserts a ``results`` row and its ``trials`` in the caller's transaction
+(it does not commit), so a completion stores its result in the same transaction as the job's
+transition. Run :func:`kernelfleet.service.hooks.run_result_hooks` after the commit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kernelfleet.service.models import Result, Trial, TrialStatus
+from kernelfleet.service.schemas import TuningReport
+from sqlalchemy import insert
+from sqlalchemy.orm import Session
+
+
+def store_report(
+    session: Session,
+    report: TuningReport,
+    *,
+    source: str = "import",
+    job_id: int | None = None,
+    worker_id: int | None = None,
+    lease_token: str | None = None,
+    response: dict[str, Any] | None = None,
+) -> Result:
+    """Insert one validated report (result + trials) and return the flushed ``Result`` row."""
+    ok = [t for t in report.trials if t.status == "ok"]
+    best = next((t for t in ok if t.config_key == report.best_config_key), None)
+    builtin = next((t for t in ok if t.is_builtin), None)
+    env = report.env
+    result = Result(
+        job_id=job_id,
+        worker_id=worker_id,
+        lease_token=lease_token,
+        payload_digest=report.digest(),
+        response=response or {},
+        source=source,
+        kernel=report.kernel,
+        shape=report.shape,
+        dtype=report.dtype,
+        chip=env.chip,
+        backend=env.backend,
+        mlx_version=env.mlx_version,
+        os=env.os,
+        driver=env.driver,
+        kernel_hash=env.kernel_hash,
+        strategy=report.strategy,
+        best_config_key=report.best_config_key,
+        best_is_builtin=bool(best and best.is_builtin),
+        best_median_us=best.median_us if best else None,
+        best_p10_us=best.p10_us if best else None,
+        best_p90_us=best.p90_us if best else None,
+        builtin_median_us=builtin.median_us if builtin else None,
+        golden=report.golden.model_dump(mode="json"),
+    )
+    session.add(result)
+    session.flush()
+    session.execute(insert(Trial), [
+        {
+            "result_id": result.id,
+            "config_key": t.config_key,
+            "config": t.config,
+            "is_builtin": t.is_builtin,
+            "status": TrialStatus(t.status),
+            "error": t.error,
+            "median_us": t.median_us,
+            "p10_us": t.p10_us,
+            "p90_us": t.p90_us,
+            "n": t.n,
+            "samples_us": t.samples_us,
+            "max_abs_err": t.max_abs_err,
+            "max_rel_err": t.max_rel_err,
+        }
+        for t in report.trials
+    ])
+    return result

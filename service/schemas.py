@@ -1,0 +1,321 @@
+"""API schemas (pydantic), separate from the ORM rows in :mod:`kernelfleet.service.models`.
+
+Every request model forbids unknown fields and non-finite floats and bounds its strings and lists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, model_validator
+
+MAX_TRIALS = 512
+MAX_SAMPLES = 1000
+MAX_GOLDEN_SAMPLE = 256
+MAX_CAMPAIGN_JOBS = 10_000
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def _check_shape(text: str) -> str:
+    parts = text.split("x")
+    if not all(p.isdigit() and p.isascii() and int(p) > 0 for p in parts):
+        raise ValueError(f"malformed shape {text!r}: expected positive integers joined by 'x', "
+                         f"like 4096x4096")
+    return text
+
+
+def _utc(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:  # SQLite returns naive datetimes; every stored time is UTC
+        value = value.replace(tzinfo=UTC)
+    return value.isoformat()
+
+
+Name = Annotated[str, Field(min_length=1, max_length=128)]
+ShortText = Annotated[str, Field(max_length=128)]
+KernelName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$",
+                                  description="a catalog kernel name such as rmsnorm")]
+ShapeText = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_check_shape)]
+DType = Literal["float32", "float16", "bfloat16"]
+BackendName = Literal["metal", "cuda", "cpu"]
+TrialStatusName = Literal["ok", "compile_error", "launch_error", "mismatch"]
+JobStateName = Literal["queued", "leased", "done", "dead"]
+Token = Annotated[str, Field(min_length=1, max_length=256)]
+Micros = Annotated[float, Field(ge=0.0)]
+UtcTime = Annotated[datetime, PlainSerializer(_utc, return_type=str)]
+OptUtcTime = Annotated[datetime | None, PlainSerializer(_utc, return_type=str | None)]
+
+
+# ---- the tuning report (docs: /work/shared contract) ----
+
+class ReportEnv(Strict):
+    chip: Name
+    backend: BackendName
+    mlx_version: Annotated[str, Field(min_length=1, max_length=64)]
+    os: ShortText
+    driver: ShortText | None = None
+    kernel_hash: Annotated[str, Field(min_length=1, max_length=64)]
+    gpu_cores: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+    memory_bytes: Annotated[int, Field(ge=0, le=2**62)] | None = None
+
+
+class ReportTrial(Strict):
+    config_key: Annotated[str, Field(min_length=1, max_length=256)]
+    config: Annotated[dict[Annotated[str, Field(max_length=64)], int | float | str | bool],
+                      Field(max_length=64)]
+    is_builtin: bool = False
+    status: TrialStatusName
+    error: Annotated[str, Field(max_length=8000)] | None = None
+    samples_us: Annotated[list[Micros], Field(max_length=MAX_SAMPLES)] | None = None
+    median_us: Micros | None = None
+    p10_us: Micros | None = None
+    p90_us: Micros | None = None
+    n: Annotated[int, Field(ge=0, le=10**9)] = 0
+    max_abs_err: Annotated[float, Field(ge=0.0)] | None = None
+    max_rel_err: Annotated[float, Field(ge=0.0)] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ReportTrial:
+        if self.status == "ok" and self.median_us is None:
+            raise ValueError(f"trial {self.config_key!r} has status ok but no median_us")
+        if self.status != "ok" and (self.median_us is not None or self.n != 0):
+            raise ValueError(f"failed trial {self.config_key!r} ({self.status}) "
+                             f"must have median_us null and n 0")
+        return self
+
+
+class GoldenStats(Strict):
+    mean: float
+    std: float
+    min: float
+    max: float
+    abs_mean: float
+
+
+class Golden(Strict):
+    digest: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="sha256 hex of the output")]
+    stats: GoldenStats
+    sample: Annotated[list[float], Field(max_length=MAX_GOLDEN_SAMPLE)]
+    stride: Annotated[int, Field(ge=1)]
+    numel: Annotated[int, Field(ge=0)]
+
+
+class TuningReport(Strict):
+    kernel: KernelName
+    shape: ShapeText
+    dtype: DType
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
+    strategy: Annotated[str, Field(max_length=32)] = ""
+    env: ReportEnv
+    trials: Annotated[list[ReportTrial], Field(min_length=1, max_length=MAX_TRIALS)]
+    best_config_key: Annotated[str, Field(min_length=1, max_length=256)] | None
+    golden: Golden
+
+    @model_validator(mode="after")
+    def _best_is_a_trial(self) -> TuningReport:
+        keys = [t.config_key for t in self.trials]
+        if len(set(keys)) != len(keys):
+            dup = next(k for k in keys if keys.count(k) > 1)
+            raise ValueError(f"config_key {dup!r} appears in more than one trial")
+        if self.best_config_key is not None:
+            ok = {t.config_key for t in self.trials if t.status == "ok"}
+            if self.best_config_key not in ok:
+                raise ValueError(f"best_config_key {self.best_config_key!r} is not a trial with status ok")
+        return self
+
+    def digest(self) -> str:
+        """SHA-256 of the canonical JSON form (sorted keys, no spaces): the payload digest."""
+        return canonical_digest(self.model_dump(mode="json"))
+
+
+def canonical_digest(data: Any) -> str:
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# ---- health ----
+
+class Health(BaseModel):
+    status: str
+    database: str
+
+
+# ---- enrollment and workers ----
+
+class EnrollTokenIn(Strict):
+    ttl_seconds: Annotated[float, Field(gt=0, le=30 * 24 * 3600)] | None = None
+
+
+class EnrollTokenOut(BaseModel):
+    token: str
+    expires_at: UtcTime
+
+
+class EnrollIn(Strict):
+    enrollment_token: Token
+    name: Name
+    chip: Name
+    backend: BackendName
+    gpu_cores: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+    memory_bytes: Annotated[int, Field(ge=0, le=2**62)] | None = None
+    os: ShortText = ""
+    mlx_version: Annotated[str, Field(max_length=64)] = ""
+    driver: ShortText | None = None
+
+
+class EnrollOut(BaseModel):
+    worker_id: int
+    token: str
+
+
+class WorkerOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    chip: str
+    backend: str
+    gpu_cores: int | None
+    memory_bytes: int | None
+    os: str
+    mlx_version: str
+    driver: str | None
+    created_at: UtcTime
+    last_heartbeat_at: OptUtcTime
+    revoked_at: OptUtcTime
+
+
+# ---- campaigns and jobs ----
+
+class CampaignIn(Strict):
+    name: Name
+    kernels: Annotated[list[KernelName], Field(min_length=1, max_length=64)]
+    shapes: Annotated[list[ShapeText], Field(min_length=1, max_length=64)]
+    dtypes: Annotated[list[DType], Field(min_length=1, max_length=3)]
+    target_backend: BackendName | None = None
+    target_chip: Annotated[str, Field(min_length=1, max_length=128,
+                                      description="chip name or glob, e.g. 'Apple M3*'")] | None = None
+    max_attempts: Annotated[int, Field(ge=1, le=100)] | None = None
+
+    @model_validator(mode="after")
+    def _bounded(self) -> CampaignIn:
+        for field in ("kernels", "shapes", "dtypes"):
+            values: list[str] = getattr(self, field)
+            if len(set(values)) != len(values):
+                raise ValueError(f"{field} lists the same value twice")
+        n = len(self.kernels) * len(self.shapes) * len(self.dtypes)
+        if n > MAX_CAMPAIGN_JOBS:
+            raise ValueError(f"this campaign would create {n} jobs; the limit is {MAX_CAMPAIGN_JOBS}")
+        return self
+
+
+class Progress(BaseModel):
+    total: int = 0
+    queued: int = 0
+    leased: int = 0
+    done: int = 0
+    dead: int = 0
+
+
+class CampaignOut(BaseModel):
+    id: int
+    name: str
+    kernels: list[str]
+    shapes: list[str]
+    dtypes: list[str]
+    target_backend: str | None
+    target_chip: str | None
+    max_attempts: int
+    created_at: UtcTime
+    progress: Progress
+
+
+class JobOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    campaign_id: int | None
+    kind: str
+    kernel: str
+    shape: str
+    dtype: str
+    target_backend: str | None
+    target_chip: str | None
+    state: str
+    attempts: int
+    max_attempts: int
+    leased_by: int | None
+    lease_expires_at: OptUtcTime
+    available_at: UtcTime
+    created_at: UtcTime
+    updated_at: UtcTime
+    finished_at: OptUtcTime
+    last_error: str | None
+
+
+# ---- leasing ----
+
+class LeaseIn(Strict):
+    pass
+
+
+class LeaseOut(BaseModel):
+    job_id: int
+    lease_token: str
+    kernel: str
+    shape: str
+    dtype: str
+    kind: str
+    lease_expires_at: UtcTime
+    lease_seconds: float
+
+
+class LeaseTokenIn(Strict):
+    lease_token: Token
+
+
+class HeartbeatOut(BaseModel):
+    lease_expires_at: UtcTime
+
+
+class CompleteIn(Strict):
+    lease_token: Token
+    report: TuningReport
+
+
+class CompleteOut(BaseModel):
+    result_id: int
+    job_id: int
+    state: Literal["done"] = "done"
+
+
+class FailIn(Strict):
+    lease_token: Token
+    error: Annotated[str, Field(min_length=1, max_length=8000)]
+
+
+class JobTransitionOut(BaseModel):
+    job_id: int
+    state: str
+    attempts: int
+    max_attempts: int
+    available_at: OptUtcTime = None
+
+
+# ---- import ----
+
+class ImportIn(Strict):
+    reports: Annotated[list[TuningReport], Field(min_length=1, max_length=1000)]
+
+
+class ImportOut(BaseModel):
+    imported: int
+    result_ids: list[int]
