@@ -1,0 +1,65 @@
+"""The Backend interface: one implementation per module (metal.py, cuda.py, cpu.py)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import mlx.core as mx
+from kernelfleet.kernels.spec import BUILTIN, Config, KernelFn, KernelSpec, Shape, config_key
+
+
+class BackendError(Exception):
+    """Base class for backend errors."""
+
+
+class UnknownBackend(BackendError):
+    pass
+
+
+class BackendUnavailable(BackendError):
+    pass
+
+
+class Backend(ABC):
+    """Where candidates run.
+
+    ``candidates`` lists the configs to try, the built-in first; ``build`` turns one into a
+    callable. A backend without custom kernels (cpu) offers the built-in only.
+    """
+
+    name: str
+    supports_custom_kernels: bool
+
+    @abstractmethod
+    def available(self) -> bool:
+        """Whether MLX can run this backend on this machine."""
+
+    @property
+    def device(self) -> mx.Device:
+        return mx.Device(mx.gpu)
+
+    def synchronize(self) -> None:
+        mx.synchronize()
+
+    def candidates(self, spec: KernelSpec, shape: Shape, dtype: str) -> list[Config]:
+        """The built-in plus every valid custom config (deduplicated, in the spec's order)."""
+        out: list[Config] = [dict(BUILTIN)]
+        if self.supports_custom_kernels:
+            seen = {"builtin"}
+            for config in spec.space(shape, dtype):
+                key = config_key(config)
+                if key not in seen:
+                    seen.add(key)
+                    out.append(dict(config))
+        return out
+
+    def build(self, spec: KernelSpec, config: Config, shape: Shape, dtype: str) -> KernelFn:
+        """A callable for ``config``; may raise (the tuner records that as a compile error)."""
+        if config_key(config) == "builtin":
+            return spec.builtin
+        if not self.supports_custom_kernels:
+            raise BackendError(f"the {self.name} backend runs only the built-in, not {config_key(config)}")
+        return spec.build(config, self.name, shape, dtype)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"

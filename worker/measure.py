@@ -1,0 +1,261 @@
+"""Honest measurement of kernel candidates.
+
+- Every candidate is built, run once and compared with the float32 reference before any timing.
+  A failure is a result: ``compile_error`` (building raised, or the first launch failed while
+  compiling), ``launch_error`` (a call or evaluation raised), ``mismatch`` (outside the spec's
+  tolerance). Nothing is dropped.
+- Each good candidate is warmed up, then calibrated: K launches per round, chosen so one round
+  lasts at least ``min_round_s`` (1 ms), so a decode-size launch is timed as many launches between
+  two ``mx.synchronize()`` calls rather than one launch drowned in sync overhead.
+- A round times K launches (each ``mx.async_eval``'d) between synchronizations; one sample is the
+  round time / K, in microseconds. Rounds visit the candidates in a freshly shuffled (seeded)
+  order each time, so drift (clocks, heat, other tenants) hits all candidates alike.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from kernelfleet.kernels.spec import Config, KernelFn, KernelSpec, Shape, Tolerance, config_key
+from kernelfleet.worker.backends.base import Backend
+
+OK, COMPILE_ERROR, LAUNCH_ERROR, MISMATCH = "ok", "compile_error", "launch_error", "mismatch"
+PENDING = "pending"
+MAX_SAMPLES = 1000
+_MAX_ERROR_CHARS = 2000
+# A first-launch failure whose message says this is a compile failure, not a launch failure.
+_COMPILE_HINT = re.compile(r"compil|nvrtc|unable to build|program_source|error: ", re.IGNORECASE)
+
+
+class MeasureError(Exception):
+    """Base class for measurement errors."""
+
+
+class AllCandidatesFailed(MeasureError):
+    pass
+
+
+@dataclass
+class Trial:
+    """One candidate config and everything measured about it."""
+
+    config: Config
+    key: str
+    is_builtin: bool
+    status: str = PENDING
+    error: str | None = None
+    samples_us: list[float] = field(default_factory=list)
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    launches_per_round: int = 1
+    fn: KernelFn | None = field(default=None, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    def fail(self, status: str, error: BaseException | str) -> None:
+        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        self.status, self.error, self.fn = status, text[:_MAX_ERROR_CHARS], None
+        self.samples_us = []
+
+    def median(self) -> float | None:
+        return float(np.median(self.samples_us)) if self.ok and self.samples_us else None
+
+    def to_report(self) -> dict[str, Any]:
+        """This trial in the tuning-report format (failed trials: null timings, n 0)."""
+        timed = self.ok and bool(self.samples_us)
+        samples = [float(s) for s in self.samples_us] if timed else None
+        p10, p50, p90 = (np.percentile(self.samples_us, [10, 50, 90]).tolist() if timed else (None,) * 3)
+        return {
+            "config_key": self.key, "config": dict(self.config), "is_builtin": self.is_builtin,
+            "status": self.status, "error": self.error,
+            "samples_us": samples if samples is not None and len(samples) <= MAX_SAMPLES else None,
+            "median_us": p50, "p10_us": p10, "p90_us": p90, "n": len(self.samples_us) if timed else 0,
+            "max_abs_err": _finite_or_none(self.max_abs_err),
+            "max_rel_err": _finite_or_none(self.max_rel_err),
+        }
+
+
+def _finite_or_none(x: float | None) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+def compare(outputs: Sequence[mx.array], reference: Sequence[mx.array], tol: Tolerance,
+            exact_outputs: Sequence[int] = ()) -> tuple[bool, float | None, float | None, str | None]:
+    """(ok, max_abs_err, max_rel_err, message) of ``outputs`` against the float32 ``reference``.
+
+    Same rule as ``KernelSpec.compare`` (``|out - ref| <= atol + rtol * |ref|`` everywhere, outputs
+    in ``exact_outputs`` equal, ``max_rel_err = |out - ref| / max(|ref|, atol)``), but computed with
+    MLX on the device: copying a 16384x8192 output to numpy for every candidate costs seconds.
+    """
+    if len(outputs) != len(reference):
+        return False, None, None, f"expected {len(reference)} outputs, got {len(outputs)}"
+    max_abs = max_rel = 0.0
+    bad = 0
+    for i, (out, ref) in enumerate(zip(outputs, reference, strict=True)):
+        if tuple(out.shape) != tuple(ref.shape):
+            return False, None, None, f"output {i} has shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
+        if i in exact_outputs:
+            differ = int(mx.sum(out != ref).astype(mx.int64).item())  # type: ignore[arg-type]
+            if differ:
+                return False, None, None, f"output {i}: {differ} values differ (exact match required)"
+            continue
+        o, r = out.astype(mx.float32), ref.astype(mx.float32)
+        nonfinite = mx.sum(mx.logical_not(mx.isfinite(o)) & mx.isfinite(r)).item()
+        if nonfinite:
+            return False, None, None, f"output {i} has {nonfinite} NaN/inf values (reference finite)"
+        finite = mx.isfinite(r)
+        d = mx.where(finite, mx.abs(o - r), 0.0)
+        ar = mx.where(finite, mx.abs(r), 0.0)
+        if d.size == 0:
+            continue
+        stats = mx.stack([mx.max(d), mx.max(d / mx.maximum(ar, max(tol.atol, 1e-12))),
+                          mx.sum(d > tol.atol + tol.rtol * ar).astype(mx.float32)])
+        values: list[float] = stats.tolist()  # type: ignore[assignment]
+        max_abs, max_rel = max(max_abs, float(values[0])), max(max_rel, float(values[1]))
+        bad += int(values[2])
+    if bad:
+        return (False, max_abs, max_rel,
+                f"{bad} elements outside tolerance (atol={tol.atol:g}, rtol={tol.rtol:g}); "
+                f"max abs err {max_abs:.3g}, max rel err {max_rel:.3g}")
+    return True, max_abs, max_rel, None
+
+
+def _launch(fn: KernelFn, inputs: Sequence[mx.array], k: int) -> None:
+    for _ in range(k):
+        mx.async_eval(fn(inputs))
+
+
+class Measurer:
+    """Prepares candidates lazily (build, check, warm up, calibrate) and times them in rounds.
+
+    ``on_step`` is called after each prepared candidate and each candidate-round, for progress.
+    """
+
+    def __init__(self, spec: KernelSpec, backend: Backend, shape: Shape, dtype: str,
+                 inputs: Sequence[mx.array], reference: Sequence[mx.array], configs: Sequence[Config], *,
+                 seed: int = 0, min_round_s: float = 1e-3, max_launches: int = 4096, warmup: int = 3,
+                 on_step: Callable[[], None] | None = None) -> None:
+        self.spec, self.backend, self.shape, self.dtype = spec, backend, shape, dtype
+        self.inputs, self.reference = list(inputs), list(reference)
+        self.tol = spec.tolerance(dtype)
+        self.min_round_s, self.max_launches, self.warmup = min_round_s, max_launches, warmup
+        self.rng = random.Random(seed)
+        self.on_step = on_step or (lambda: None)
+        self.trials: dict[str, Trial] = {}
+        for config in configs:
+            key = config_key(config)
+            self.trials.setdefault(key, Trial(config=dict(config), key=key, is_builtin=key == "builtin"))
+        self.prepare_s = 0.0
+        self.measure_s = 0.0
+
+    # -------------------------------------------------------------------- preparation
+
+    def prepare(self, keys: Sequence[str]) -> None:
+        """Build, verify, warm up and calibrate every pending candidate among ``keys``."""
+        t0 = time.perf_counter()
+        for key in keys:
+            trial = self.trials[key]
+            if trial.status == PENDING:
+                self._prepare_one(trial)
+                self.on_step()
+        self.prepare_s += time.perf_counter() - t0
+
+    def _prepare_one(self, trial: Trial) -> None:
+        try:
+            fn = self.backend.build(self.spec, trial.config, self.shape, self.dtype)
+        except Exception as e:  # noqa: BLE001 - any build failure is a recorded result
+            trial.fail(COMPILE_ERROR, e)
+            return
+        try:
+            outputs = list(fn(self.inputs))
+            mx.eval(outputs)
+        except Exception as e:  # noqa: BLE001 - first launch: compile or launch failure
+            trial.fail(COMPILE_ERROR if _COMPILE_HINT.search(str(e)) else LAUNCH_ERROR, e)
+            return
+        ok, max_abs, max_rel, message = compare(outputs, self.reference, self.tol,
+                                                getattr(self.spec, "exact_outputs", ()))
+        trial.max_abs_err, trial.max_rel_err = max_abs, max_rel
+        if not ok:
+            trial.fail(MISMATCH, message or "output outside tolerance")
+            return
+        try:
+            _launch(fn, self.inputs, self.warmup)
+            self.backend.synchronize()
+            trial.launches_per_round = self._calibrate(fn)
+        except Exception as e:  # noqa: BLE001
+            trial.fail(LAUNCH_ERROR, e)
+            return
+        trial.fn, trial.status = fn, OK
+
+    def _calibrate(self, fn: KernelFn) -> int:
+        """Launches per round so that a round lasts at least ``min_round_s``."""
+        n = 1
+        while True:
+            self.backend.synchronize()
+            t0 = time.perf_counter()
+            _launch(fn, self.inputs, n)
+            self.backend.synchronize()
+            elapsed = time.perf_counter() - t0
+            if elapsed >= 0.25 * self.min_round_s or n >= self.max_launches:
+                break
+            n = min(n * 4, self.max_launches)
+        per_launch = max(elapsed / n, 1e-9)
+        return max(1, min(self.max_launches, math.ceil(self.min_round_s / per_launch)))
+
+    # -------------------------------------------------------------------- timing
+
+    def measure(self, keys: Sequence[str], rounds: int) -> dict[str, float | None]:
+        """Prepare ``keys`` if needed, then time ``rounds`` interleaved rounds over the good ones.
+
+        Returns the median per-launch time (µs) over all samples so far, None for failures.
+        """
+        self.prepare(keys)
+        live = [self.trials[k] for k in dict.fromkeys(keys) if self.trials[k].ok]
+        t0 = time.perf_counter()
+        for _ in range(max(0, rounds)):
+            order = live[:]
+            self.rng.shuffle(order)
+            for trial in order:
+                if not trial.ok or trial.fn is None:
+                    continue
+                try:
+                    self.backend.synchronize()
+                    start = time.perf_counter()
+                    _launch(trial.fn, self.inputs, trial.launches_per_round)
+                    self.backend.synchronize()
+                    elapsed = time.perf_counter() - start
+                except Exception as e:  # noqa: BLE001 - a launch failure is a recorded result
+                    trial.fail(LAUNCH_ERROR, e)
+                    continue
+                trial.samples_us.append(elapsed / trial.launches_per_round * 1e6)
+                self.on_step()
+        self.measure_s += time.perf_counter() - t0
+        return {k: self.trials[k].median() for k in keys}
+
+    def median(self, key: str) -> float | None:
+        return self.trials[key].median()
+
+    def ok_keys(self, keys: Sequence[str] | None = None) -> list[str]:
+        return [k for k in (keys if keys is not None else self.trials) if self.trials[k].ok]
+
+    def touched(self) -> list[Trial]:
+        """Every candidate that was prepared (in candidate order), failures included."""
+        return [t for t in self.trials.values() if t.status != PENDING]
+
+    def raise_if_all_failed(self) -> None:
+        done = self.touched()
+        if done and not any(t.ok for t in done):
+            lines = "; ".join(f"{t.key}: {t.status} ({(t.error or '')[:160]})" for t in done[:6])
+            more = f" (+{len(done) - 6} more)" if len(done) > 6 else ""
+            raise AllCandidatesFailed(f"all {len(done)} candidates failed for {self.spec.name} "
+                                      f"{'x'.join(map(str, self.shape))} {self.dtype}: {lines}{more}")
