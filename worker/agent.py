@@ -1,0 +1,460 @@
+"""The worker agent: enroll once, then lease, tune, report, forever; survive outages and signals.
+
+One job at a time, on the main thread::
+
+    start:  check the URL (GET /healthz), load or obtain the worker token, replay the spool
+    loop:   spool not empty?  -> deliver it (jittered backoff while unreachable); lease nothing new
+            lease a job       -> 204: idle a little; unreachable: back off
+            tune it           -> a heartbeat thread extends the lease every lease_seconds/3;
+                                 a 409 on a heartbeat means the lease is lost: the tune is abandoned
+                                 (checked at every progress step) and its result never posted
+            spool the result  -> write, fsync, rename; then POST it with the lease token;
+                                 2xx deletes it, 409/422 (terminal) quarantines it with the reason
+            tuning error      -> POST /jobs/{id}/fail (spooled the same way)
+
+Stopping: :meth:`Agent.request_stop` (SIGTERM/SIGINT) stops leasing; the current job may finish
+within the grace period, else it is released (``/jobs/{id}/release``) and the agent exits 0. A
+401 anywhere means this worker's token was revoked: stop cleanly with :class:`WorkerRevoked`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernelfleet.worker.backoff import Backoff
+from kernelfleet.worker.client import (
+    CoordinatorClient,
+    CoordinatorError,
+    Lease,
+    LeaseConflict,
+    NotACoordinator,
+    Rejected,
+    Unauthorized,
+    Unreachable,
+)
+from kernelfleet.worker.spool import SpoolRecord
+from kernelfleet.worker.state import Credentials, WorkerState
+
+logger = logging.getLogger(__name__)
+
+TuneFn = Callable[..., dict[str, Any]]
+ACKED, QUARANTINED, UNREACHABLE = "acked", "quarantined", "unreachable"
+JobLine = Callable[[Lease, "JobOutcome"], None]
+
+
+class AgentError(Exception):
+    """The agent cannot go on; the message says why and what to do. ``exit_code`` for the CLI."""
+
+    exit_code = 1
+
+
+class CannotConnect(AgentError):
+    exit_code = 3
+
+
+class NotEnrolled(AgentError):
+    exit_code = 3
+
+
+class EnrollmentRefused(AgentError):
+    exit_code = 4
+
+
+class WorkerRevoked(AgentError):
+    exit_code = 4
+
+
+class _Abandon(BaseException):
+    """Raised from the tuner's progress callback to stop a tune early.
+
+    A BaseException on purpose: the tuner records ordinary exceptions from a candidate as that
+    candidate's failure and carries on, and this must cross those handlers.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class AgentConfig:
+    coordinator: str
+    state: WorkerState
+    enroll_token: str | None = None
+    name: str | None = None
+    max_jobs: int | None = None
+    strategy: str = "halving"
+    budget: float | None = None
+    seed: int = 0
+    grace_seconds: float = 30.0
+    poll_seconds: float = 5.0
+    backoff_base: float = 0.5
+    backoff_max: float = 30.0
+    startup_wait_seconds: float = 10.0
+
+
+@dataclass
+class JobOutcome:
+    status: str                      # done | spooled | refused | failed | lost | released
+    seconds: float = 0.0
+    report: dict[str, Any] | None = None
+    error: str | None = None
+
+
+@dataclass
+class _JobRun:
+    """Shared between the main thread (tuning) and the heartbeat thread."""
+
+    lease: Lease
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    lost: str | None = None          # why the lease is gone (409 detail)
+    revoked: str | None = None       # 401 detail
+    settled: bool = False            # the job was posted, failed or released: nothing more to do
+    released: bool = False
+    finished: threading.Event = field(default_factory=threading.Event)
+
+
+def _load_tune() -> TuneFn:
+    from kernelfleet.worker.tuner import tune
+
+    return tune
+
+
+def _machine_info(name: str | None) -> dict[str, Any]:
+    import socket
+
+    from kernelfleet.worker.chip import detect_chip
+
+    chip = detect_chip()
+    return {"name": name or socket.gethostname(), "chip": chip.name, "backend": chip.backend,
+            "gpu_cores": chip.gpu_cores, "memory_bytes": chip.memory_bytes, "os": chip.os,
+            "mlx_version": chip.mlx_version, "driver": chip.driver}
+
+
+def speedup(report: dict[str, Any]) -> float | None:
+    """The built-in's median over the best config's median, from a tuning report."""
+    trials = {t.get("config_key"): t for t in report.get("trials", [])}
+    best, builtin = trials.get(report.get("best_config_key")), trials.get("builtin")
+    if not best or not builtin or not best.get("median_us") or not builtin.get("median_us"):
+        return None
+    return float(builtin["median_us"]) / float(best["median_us"])
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, *, tune: TuneFn | None = None,
+                 machine_info: Callable[[str | None], dict[str, Any]] = _machine_info,
+                 on_job: JobLine | None = None) -> None:
+        self.config = config
+        self.state = config.state
+        self.spool = config.state.spool
+        self.client = CoordinatorClient(config.coordinator)
+        self._tune = tune
+        self._machine_info = machine_info
+        self._on_job = on_job or (lambda lease, outcome: None)
+        self.stop_event = threading.Event()
+        self._stop_deadline: float | None = None
+        self.backoff = Backoff(base=config.backoff_base, cap=max(config.backoff_base, config.backoff_max))
+        self.jobs_run = 0
+        self.worker_id: int | str | None = None
+        self._current: _JobRun | None = None
+
+    # ------------------------------------------------------------------ control
+
+    def request_stop(self, immediate: bool = False) -> None:
+        """Stop leasing; the current job may finish within the grace period (0 if ``immediate``)."""
+        grace = 0.0 if immediate else self.config.grace_seconds
+        deadline = time.monotonic() + grace
+        if self._stop_deadline is None or deadline < self._stop_deadline:
+            self._stop_deadline = deadline
+        self.stop_event.set()
+
+    def _past_grace(self) -> bool:
+        return self._stop_deadline is not None and time.monotonic() >= self._stop_deadline
+
+    # ------------------------------------------------------------------ start-up
+
+    def connect(self) -> None:
+        """Check that the URL is a KernelFleet coordinator (waiting a little for one that starts)."""
+        deadline = time.monotonic() + self.config.startup_wait_seconds
+        while True:
+            try:
+                self.client.health()
+                return
+            except NotACoordinator as e:
+                raise CannotConnect(f"{e}. Check --coordinator (expected e.g. http://HOST:8600).") from e
+            except Unreachable as e:
+                if time.monotonic() >= deadline or self.stop_event.is_set():
+                    raise CannotConnect(f"{e}. Is the coordinator running, and is --coordinator "
+                                        f"{self.config.coordinator} right?") from e
+                self.stop_event.wait(0.5)
+
+    def authenticate(self) -> None:
+        """Use the stored worker token, or enroll with --enroll-token and store the new one (0600)."""
+        creds = self.state.load_credentials()
+        if creds is not None:
+            self.client.token = creds.token
+            try:
+                me = self.client.me()
+                self.worker_id = me.get("id", me.get("worker_id", creds.worker_id))
+                logger.info("using the stored worker token (worker %s) from %s", self.worker_id,
+                            self.state.token_path)
+                return
+            except Unauthorized as e:
+                if not self.config.enroll_token:
+                    raise WorkerRevoked(
+                        f"the coordinator refused this worker's stored token ({e.detail}). The worker was "
+                        f"revoked or the coordinator's database was replaced; enroll again with "
+                        f"--enroll-token (from `kernelfleet admin enroll-token`).") from e
+                logger.warning("the stored worker token was refused (%s); enrolling again", e.detail)
+            except Unreachable as e:
+                raise CannotConnect(str(e)) from e
+            except CoordinatorError as e:
+                raise CannotConnect(f"cannot check this worker's identity: {e}") from e
+        if not self.config.enroll_token:
+            raise NotEnrolled(f"this worker is not enrolled yet (no token in {self.state.root}): pass "
+                              "--enroll-token (an admin mints one with `kernelfleet admin enroll-token`).")
+        info = self._machine_info(self.config.name)
+        try:
+            enrollment = self.client.enroll(self.config.enroll_token, info)
+        except (Unauthorized, LeaseConflict) as e:
+            raise EnrollmentRefused(f"the enrollment token was refused: {e.detail}. It may be mistyped, "
+                                    "used up or expired; mint a new one with `kernelfleet admin "
+                                    "enroll-token`.") from e
+        except Rejected as e:
+            raise EnrollmentRefused(f"enrollment was refused: {e.detail}") from e
+        except Unreachable as e:
+            raise CannotConnect(str(e)) from e
+        self.client.token = enrollment.token
+        self.worker_id = enrollment.worker_id
+        self.state.save_credentials(Credentials(token=enrollment.token, worker_id=enrollment.worker_id,
+                                                coordinator=self.config.coordinator))
+        logger.info("enrolled as worker %s (%s, %s on %s); token stored in %s", enrollment.worker_id,
+                    info["name"], info["chip"], info["backend"], self.state.token_path)
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> None:
+        """Run until stopped, --max-jobs is reached, or an :class:`AgentError`."""
+        try:
+            self.connect()
+            self.authenticate()
+            replayed = self.spool.replay()
+            if replayed:
+                logger.info("replaying %d spooled message(s) from %s", len(replayed), self.spool.pending_dir)
+            while not self.stop_event.is_set():
+                if len(self.spool):
+                    if not self.drain():
+                        self._wait_backoff("coordinator unreachable; holding spooled results")
+                    continue
+                if self.config.max_jobs is not None and self.jobs_run >= self.config.max_jobs:
+                    logger.info("ran %d job(s) (--max-jobs); exiting", self.jobs_run)
+                    break
+                try:
+                    lease = self.client.lease()
+                except Unauthorized as e:
+                    raise self._revoked(e.detail) from e
+                except CoordinatorError as e:
+                    self._wait_backoff(f"cannot lease: {e}")
+                    continue
+                self.backoff.reset()
+                if lease is None:
+                    self.stop_event.wait(self.config.poll_seconds * (0.75 + 0.5 * _jitter()))
+                    continue
+                self.jobs_run += 1
+                self.run_job(lease)
+            if len(self.spool):  # stopping: one last try, the rest waits on disk for the next start
+                self.drain()
+                if len(self.spool):
+                    logger.warning("%d result(s) stay spooled in %s; they are sent at the next start",
+                                   len(self.spool), self.spool.pending_dir)
+        finally:
+            self.client.close()
+
+    def _wait_backoff(self, why: str) -> None:
+        delay = self.backoff.wait(self.stop_event)
+        logger.warning("%s; retrying in %.1fs", why, delay)
+
+    def _revoked(self, detail: str | None) -> WorkerRevoked:
+        return WorkerRevoked(f"the coordinator no longer accepts this worker ({detail}); it was probably "
+                             "revoked. Stopping. Enroll again with --enroll-token to rejoin.")
+
+    # ------------------------------------------------------------------ delivery
+
+    def drain(self) -> bool:
+        """Deliver every spooled record, oldest first. False when the coordinator is unreachable."""
+        return all(self.deliver(record) != UNREACHABLE for record in self.spool.replay())
+
+    def deliver(self, record: SpoolRecord) -> str:
+        """Send one record: ACKED, QUARANTINED (terminal 409/422/4xx) or UNREACHABLE (kept spooled)."""
+        try:
+            answer = self.client.post(record.action, record.job_id, record.request_body())
+        except Unreachable as e:
+            logger.debug("delivery of %s failed: %s", record.name, e)
+            return UNREACHABLE
+        except Unauthorized as e:
+            raise self._revoked(e.detail) from e
+        except (LeaseConflict, Rejected, NotACoordinator) as e:
+            where = self.spool.quarantine(record.path, f"{record.action} for job {record.job_id} refused "
+                                                       f"({e.status}): {e.detail or e}")
+            logger.warning("job %s: the coordinator refused the %s (%s: %s); moved it to %s", record.job_id,
+                           record.action, e.status, e.detail, where)
+            self.backoff.reset()
+            return QUARANTINED
+        self.spool.ack(record)
+        self.backoff.reset()
+        logger.debug("job %s: %s acknowledged: %s", record.job_id, record.action, answer)
+        return ACKED
+
+    # ------------------------------------------------------------------ one job
+
+    def run_job(self, lease: Lease) -> JobOutcome:
+        run = _JobRun(lease)
+        self._current = run
+        beat = threading.Thread(target=self._heartbeat_loop, args=(run,), name=f"heartbeat-{lease.job_id}",
+                                daemon=True)
+        beat.start()
+        t0 = time.monotonic()
+        try:
+            outcome = self._tune_and_report(run)
+        finally:
+            run.finished.set()
+            beat.join(timeout=5.0)
+            self._current = None
+        outcome.seconds = time.monotonic() - t0
+        self._on_job(lease, outcome)
+        if run.revoked is not None:
+            raise self._revoked(run.revoked)
+        return outcome
+
+    def _tune_and_report(self, run: _JobRun) -> JobOutcome:
+        lease = run.lease
+        if lease.kind != "tune":
+            return self._report_failure(run, f"this worker cannot run jobs of kind {lease.kind!r}")
+
+        def progress(*_args: Any, **_kwargs: Any) -> None:
+            if run.lost is not None:
+                raise _Abandon("lost")
+            if run.revoked is not None:
+                raise _Abandon("revoked")
+            if self._past_grace():
+                raise _Abandon("shutdown")
+
+        tune = self._tune or _load_tune()
+        try:
+            report = tune(lease.kernel, lease.shape, lease.dtype, strategy=self.config.strategy,
+                          seed=self.config.seed, budget=self.config.budget, progress=progress)
+        except _Abandon as a:
+            return self._abandon(run, a.reason)
+        except Exception as e:  # noqa: BLE001 - any tuning failure is reported to the coordinator
+            if run.lost is not None or run.revoked is not None:
+                return self._abandon(run, "lost" if run.lost is not None else "revoked")
+            logger.debug("job %s: tuning failed", lease.job_id, exc_info=True)
+            return self._report_failure(run, f"{type(e).__name__}: {e}")
+        with run.lock:
+            if run.lost is not None or run.revoked is not None or run.settled:
+                return self._abandon(run, "lost" if run.lost is not None else "revoked")
+            run.settled = True
+        try:
+            record = self.spool.put("result", lease.job_id, lease.lease_token, {"report": report})
+        except ValueError as e:  # e.g. a non-finite float: the coordinator would refuse it too
+            with run.lock:
+                run.settled = False
+            return self._report_failure(run, f"the tuning report cannot be sent: {e}")
+        status = self._deliver_now(record)
+        label = {ACKED: "done", QUARANTINED: "refused"}.get(status, "spooled")
+        return JobOutcome(status=label, report=report)
+
+    def _deliver_now(self, record: SpoolRecord) -> str:
+        status = self.deliver(record)
+        if status == UNREACHABLE:
+            logger.warning("job %s: coordinator unreachable; its %s stays in the spool until it answers",
+                           record.job_id, record.action)
+        return status
+
+    def _report_failure(self, run: _JobRun, error: str) -> JobOutcome:
+        with run.lock:
+            if run.lost is not None or run.revoked is not None or run.settled:
+                return self._abandon(run, "lost" if run.revoked is None else "revoked")
+            run.settled = True
+        lease = run.lease
+        logger.warning("job %s (%s %s %s) failed: %s", lease.job_id, lease.kernel, lease.shape, lease.dtype,
+                       error)
+        record = self.spool.put("fail", lease.job_id, lease.lease_token, {"error": error[:8000]})
+        self._deliver_now(record)
+        return JobOutcome(status="failed", error=error)
+
+    def _abandon(self, run: _JobRun, reason: str) -> JobOutcome:
+        lease = run.lease
+        if reason == "shutdown" or run.released:
+            self._release(run)
+            return JobOutcome(status="released")
+        if reason == "revoked":
+            return JobOutcome(status="lost", error=f"worker revoked: {run.revoked}")
+        logger.warning("job %s: lease lost (%s); abandoned, its result is not posted", lease.job_id, run.lost)
+        return JobOutcome(status="lost", error=run.lost)
+
+    def _release(self, run: _JobRun) -> None:
+        with run.lock:
+            if run.settled:
+                return
+            run.settled = run.released = True
+        try:
+            self.client.release(run.lease.job_id, run.lease.lease_token)
+            logger.warning("job %s: not finished within the grace period; released it to the coordinator",
+                           run.lease.job_id)
+        except CoordinatorError as e:
+            logger.warning("job %s: could not release it (%s); its lease will expire on its own",
+                           run.lease.job_id, e)
+
+    # ------------------------------------------------------------------ heartbeats
+
+    def _heartbeat_loop(self, run: _JobRun) -> None:
+        lease = run.lease
+        interval = max(0.2, lease.lease_seconds / 3.0)
+        next_beat = time.monotonic() + interval
+        warned = False
+        while not run.finished.wait(min(0.25, interval)):
+            if self._past_grace():
+                self._enforce_grace(run)
+                return
+            if time.monotonic() < next_beat:
+                continue
+            next_beat = time.monotonic() + interval
+            try:
+                self.client.heartbeat(lease.job_id, lease.lease_token)
+                if warned:
+                    logger.info("job %s: heartbeats reach the coordinator again", lease.job_id)
+                warned = False
+            except LeaseConflict as e:
+                run.lost = e.detail or str(e)
+                return
+            except Unauthorized as e:
+                run.revoked = e.detail or str(e)
+                return
+            except CoordinatorError as e:
+                if not warned:
+                    logger.warning("job %s: heartbeat failed (%s); still tuning", lease.job_id, e)
+                warned = True
+
+    def _enforce_grace(self, run: _JobRun) -> None:
+        """At the end of the grace period: release the job, and exit if the tune does not give way."""
+        self._release(run)
+        if run.finished.wait(5.0):
+            return
+        logger.warning("job %s: the tuner did not stop; exiting now (the job was given back)",
+                       run.lease.job_id)
+        for handler in logging.getLogger().handlers + logging.getLogger("kernelfleet").handlers:
+            handler.flush()
+        os._exit(0)
+
+
+def _jitter() -> float:
+    import random
+
+    return random.random()
