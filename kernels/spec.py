@@ -73,7 +73,9 @@ def parse_shape(text: str) -> Shape:
     try:
         dims = tuple(int(p) for p in parts)
     except ValueError:
-        raise BadShape(f"malformed shape {text!r}: expected positive integers joined by 'x', like 4096x4096") from None
+        raise BadShape(
+            f"malformed shape {text!r}: expected positive integers joined by 'x', like 4096x4096"
+        ) from None
     if not dims or any(d <= 0 for d in dims):
         raise BadShape(f"malformed shape {text!r}: every dimension must be a positive integer")
     return dims
@@ -123,6 +125,89 @@ class KernelSpec:
     bytes_moved: Callable[[Shape, str], int]
     version: str
     validate_shape: Callable[[Shape], None] = field(default=lambda shape: None)
+    # Additions (all defaulted, so the fields above keep their meaning):
+    # small shapes the catalog test checks every candidate on (odd row counts exercise bounds)
+    test_shapes: Sequence[Shape] = ()
+    # the config used when no profile names one; None -> the first config of ``space``
+    default: Callable[[Shape, str], Config] | None = None
+    # indices of outputs that must match the reference exactly (e.g. top-k expert indices)
+    exact_outputs: tuple[int, ...] = ()
 
     def tolerance(self, dtype: str) -> Tolerance:
         return self.tolerances[dtype]
+
+    def check_dtype(self, dtype: str) -> None:
+        if dtype not in self.dtypes:
+            raise UnsupportedDtype(
+                f"kernel {self.name!r} does not support dtype {dtype!r}; supported: {', '.join(self.dtypes)}"
+            )
+
+    def default_config(self, shape: Shape, dtype: str) -> Config:
+        """The config to run when no profile entry exists (builtin when the space is empty)."""
+        if self.default is not None:
+            return self.default(shape, dtype)
+        configs = self.space(shape, dtype)
+        return dict(configs[0]) if configs else dict(BUILTIN)
+
+    def compare(self, outputs: Sequence[mx.array], reference: Sequence[mx.array], dtype: str) -> Comparison:
+        """Check ``outputs`` against the float32 ``reference`` with this kernel's tolerance."""
+        return compare(outputs, reference, self.tolerance(dtype), self.exact_outputs)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    ok: bool
+    max_abs_err: float
+    max_rel_err: float
+    detail: str = ""
+
+
+def compare(
+    outputs: Sequence[mx.array],
+    reference: Sequence[mx.array],
+    tol: Tolerance,
+    exact_outputs: tuple[int, ...] = (),
+) -> Comparison:
+    """Elementwise ``|out - ref| <= atol + rtol * |ref|`` over every output (NaN/inf count as failures).
+
+    Outputs listed in ``exact_outputs`` must be equal. ``max_rel_err`` is ``|out - ref| / max(|ref|, atol)``.
+    """
+    import numpy as np
+
+    if len(outputs) != len(reference):
+        return Comparison(False, float("inf"), float("inf"),
+                          f"expected {len(reference)} outputs, got {len(outputs)}")
+    max_abs = 0.0
+    max_rel = 0.0
+    ok = True
+    detail = ""
+    for i, (out, ref) in enumerate(zip(outputs, reference, strict=True)):
+        if tuple(out.shape) != tuple(ref.shape):
+            return Comparison(False, float("inf"), float("inf"),
+                              f"output {i}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
+        if i in exact_outputs:
+            a = np.asarray(out)
+            b = np.asarray(ref)
+            diff = int(np.count_nonzero(a != b))
+            if diff:
+                ok = False
+                detail = f"output {i}: {diff} of {a.size} values differ (exact match required)"
+            continue
+        a = np.asarray(out.astype(mx.float32), dtype=np.float64)
+        b = np.asarray(ref.astype(mx.float32), dtype=np.float64)
+        err = np.abs(a - b)
+        if a.size:
+            if not np.all(np.isfinite(a)):
+                ok = False
+                detail = f"output {i}: non-finite values"
+                err = np.where(np.isfinite(err), err, np.inf)
+            e_max = float(err.max())
+            r_max = float((err / np.maximum(np.abs(b), tol.atol)).max())
+            max_abs = max(max_abs, e_max)
+            max_rel = max(max_rel, r_max)
+            bad = err > tol.atol + tol.rtol * np.abs(b)
+            if bool(bad.any()):
+                ok = False
+                detail = detail or (f"output {i}: {int(bad.sum())} of {a.size} values outside "
+                                    f"atol={tol.atol} rtol={tol.rtol} (max abs err {e_max:.3g})")
+    return Comparison(ok, max_abs, max_rel, detail)

@@ -1,0 +1,80 @@
+"""One public function per catalog kernel: ``from kernelfleet.kernels import rmsnorm``.
+
+Each runs the config chosen for this chip (profile entry, else the kernel's default) through
+:func:`kernelfleet.kernels.runtime.dispatch`; on CPU it runs the MLX built-in.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from .common import prod
+from .runtime import dispatch
+
+
+def _rows(x: mx.array) -> tuple[int, int]:
+    return (prod(x.shape[:-1]), int(x.shape[-1]))
+
+
+def rmsnorm(x: mx.array, weight: mx.array, eps: float = 1e-5) -> mx.array:
+    return dispatch("rmsnorm", [x, weight], _rows(x), eps=float(eps))[0]
+
+
+def add_rmsnorm(x: mx.array, residual: mx.array, weight: mx.array,
+                eps: float = 1e-5) -> tuple[mx.array, mx.array]:
+    """``h = x + residual``; returns ``(rmsnorm(h) * weight, h)``."""
+    out, h = dispatch("add_rmsnorm", [x, residual, weight], _rows(x), eps=float(eps))
+    return out, h
+
+
+def layernorm(x: mx.array, weight: mx.array, bias: mx.array, eps: float = 1e-5) -> mx.array:
+    return dispatch("layernorm", [x, weight, bias], _rows(x), eps=float(eps))[0]
+
+
+def softmax(x: mx.array) -> mx.array:
+    """Softmax over the last dimension."""
+    return dispatch("softmax", [x], _rows(x))[0]
+
+
+def logsumexp(x: mx.array) -> mx.array:
+    """log(sum(exp(x))) over the last dimension."""
+    return dispatch("logsumexp", [x], _rows(x))[0]
+
+
+def swiglu(gate: mx.array, up: mx.array) -> mx.array:
+    """``silu(gate) * up``."""
+    return dispatch("swiglu", [gate, up], _rows(gate))[0]
+
+
+def geglu(gate: mx.array, up: mx.array) -> mx.array:
+    """``gelu_tanh(gate) * up``."""
+    return dispatch("geglu", [gate, up], _rows(gate))[0]
+
+
+def bias_gelu(x: mx.array, bias: mx.array) -> mx.array:
+    """``gelu(x + bias)`` (erf form)."""
+    return dispatch("bias_gelu", [x, bias], _rows(x))[0]
+
+
+def rope(x: mx.array, offset: int = 0, base: float = 10000.0) -> mx.array:
+    """Rotary embedding of the whole last dim (non-traditional, half split); positions along axis -2."""
+    shape = (prod(x.shape[:-2]), int(x.shape[-2]), int(x.shape[-1]))
+    return dispatch("rope", [x], shape, offset=int(offset), base=float(base))[0]
+
+
+def topk_gating_softmax(logits: mx.array, k: int = 2) -> tuple[mx.array, mx.array]:
+    """Softmax over experts (last dim), then the top ``k``: (weights, uint32 indices), largest first."""
+    w, idx = dispatch("topk_gating_softmax", [logits], _rows(logits), k=int(k))
+    return w, idx
+
+
+def moe_combine(expert_outputs: mx.array, weights: mx.array) -> mx.array:
+    """``sum_k weights[..., k] * expert_outputs[..., k, :]``."""
+    shape = (prod(expert_outputs.shape[:-2]), int(expert_outputs.shape[-2]), int(expert_outputs.shape[-1]))
+    return dispatch("moe_combine", [expert_outputs, weights], shape)[0]
+
+
+def int4_dequantize(wq: mx.array, scales: mx.array, biases: mx.array) -> mx.array:
+    """MLX affine 4-bit dequantization, group size 64 (the layout of ``mx.quantize``)."""
+    shape = (prod(wq.shape[:-1]), int(wq.shape[-1]) * 8)
+    return dispatch("int4_dequantize", [wq, scales, biases], shape, dtype_of=1)[0]

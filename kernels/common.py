@@ -1,0 +1,59 @@
+"""Small shared pieces of the catalog: dtype names, deterministic inputs, shape checks."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from .spec import DTYPES, BadShape, Shape, Tolerance, UnsupportedDtype
+
+MX_DTYPES: dict[str, mx.Dtype] = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+ITEMSIZE: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+# Default tolerances for outputs rounded to the dtype once from a float32 computation
+# (bfloat16 keeps 8 mantissa bits, float16 11): |out - ref| <= atol + rtol * |ref|.
+TOLERANCES: dict[str, Tolerance] = {
+    "float32": Tolerance(atol=2e-5, rtol=2e-5),
+    "float16": Tolerance(atol=2e-3, rtol=4e-3),
+    "bfloat16": Tolerance(atol=1.6e-2, rtol=2e-2),
+}
+
+
+def mx_dtype(dtype: str) -> mx.Dtype:
+    try:
+        return MX_DTYPES[dtype]
+    except KeyError:
+        raise UnsupportedDtype(f"unsupported dtype {dtype!r}; expected one of {', '.join(DTYPES)}") from None
+
+
+def dtype_name(dt: mx.Dtype) -> str:
+    for name, d in MX_DTYPES.items():
+        if d == dt:
+            return name
+    raise UnsupportedDtype(f"unsupported dtype {dt}; expected one of {', '.join(DTYPES)}")
+
+
+def rng(seed: int, salt: int = 0) -> np.random.Generator:
+    return np.random.default_rng([int(seed), int(salt)])
+
+
+def normal(shape: Sequence[int], dtype: str, seed: int, salt: int = 0, scale: float = 1.0,
+           loc: float = 0.0) -> mx.array:
+    data = rng(seed, salt).standard_normal(tuple(shape), dtype=np.float32) * np.float32(scale)
+    return mx.array(data + np.float32(loc)).astype(mx_dtype(dtype))
+
+
+def prod(dims: Sequence[int]) -> int:
+    return int(math.prod(dims))
+
+
+def need_rank(name: str, shape: Shape, rank: int, doc: str) -> None:
+    if len(shape) != rank:
+        raise BadShape(f"{name}: expected a rank-{rank} shape ({doc}), got {'x'.join(map(str, shape))}")
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)

@@ -1,0 +1,144 @@
+"""Render a dialect kernel for one backend and launch it through ``mx.fast``.
+
+A :class:`KernelSource` is everything that identifies a kernel's source text: the dialect body,
+input/output names and the ``${...}`` values. Rendering it gives a :class:`Rendered` (name with a
+hash of the exact source, so MLX's per-name caches -- including CUDA's on-disk PTX cache -- never
+mix two sources), and :func:`compiled` turns that into an ``mx.fast`` kernel object, cached by
+value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import mlx.core as mx
+
+from . import dialect
+from .spec import GpuBackend, KernelBuildError
+
+TemplateArg = tuple[str, Any]
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    name: str
+    body: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    values: tuple[tuple[str, str], ...] = ()
+    header: str = ""  # extra dialect helpers, rendered like the body
+
+
+@dataclass(frozen=True)
+class Rendered:
+    name: str
+    backend: GpuBackend
+    source: str
+    header: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+@lru_cache(maxsize=2048)
+def render(src: KernelSource, backend: GpuBackend) -> Rendered:
+    values = dict(src.values)
+    body = dialect.render(src.body, backend, values)
+    header = dialect.prelude(backend) + dialect.render(src.header, backend, values)
+    digest = hashlib.sha256((header + "\n" + body).encode()).hexdigest()[:12]
+    return Rendered(f"kf_{src.name}_{digest}", backend, body, header, src.inputs, src.outputs)
+
+
+@lru_cache(maxsize=2048)
+def compiled(rendered: Rendered) -> Any:
+    """The ``mx.fast`` kernel object for ``rendered`` (JIT happens at first launch)."""
+    try:
+        if rendered.backend == "metal":
+            return mx.fast.metal_kernel(
+                name=rendered.name,
+                input_names=list(rendered.inputs),
+                output_names=list(rendered.outputs),
+                source=rendered.source,
+                header=rendered.header,
+                ensure_row_contiguous=True,
+            )
+        return mx.fast.cuda_kernel(
+            name=rendered.name,
+            input_names=list(rendered.inputs),
+            output_names=list(rendered.outputs),
+            source=rendered.source,
+            header=rendered.header,
+            ensure_row_contiguous=True,
+        )
+    except (RuntimeError, ValueError) as e:
+        raise KernelBuildError(f"{rendered.name}: {e}") from e
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch geometry: ``grid`` = total threads, ``threadgroup`` = threads per group."""
+
+    grid: tuple[int, int, int]
+    threadgroup: tuple[int, int, int]
+    template: tuple[TemplateArg, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class LaunchRecord:
+    """What one launch would hand to MLX (for inspecting or compile-checking the exact source)."""
+
+    rendered: Rendered
+    launch: Launch
+    input_dtypes: tuple[mx.Dtype, ...]
+    input_shapes: tuple[tuple[int, ...], ...]
+    output_shapes: tuple[tuple[int, ...], ...]
+    output_dtypes: tuple[mx.Dtype, ...]
+
+
+_capture: ContextVar[list[LaunchRecord] | None] = ContextVar("kf_capture", default=None)
+
+
+@contextlib.contextmanager
+def capture() -> Iterator[list[LaunchRecord]]:
+    """Record launches instead of running them (outputs are zeros of the right shape and dtype).
+
+    Works on any backend, including CPU: rendering needs no GPU.
+    """
+    records: list[LaunchRecord] = []
+    token = _capture.set(records)
+    try:
+        yield records
+    finally:
+        _capture.reset(token)
+
+
+def run(
+    src: KernelSource,
+    backend: GpuBackend,
+    inputs: Sequence[mx.array],
+    launch: Launch,
+    output_shapes: Sequence[Sequence[int]],
+    output_dtypes: Sequence[mx.Dtype],
+) -> list[mx.array]:
+    rendered = render(src, backend)
+    records = _capture.get()
+    if records is not None:
+        records.append(LaunchRecord(
+            rendered, launch, tuple(a.dtype for a in inputs), tuple(tuple(a.shape) for a in inputs),
+            tuple(tuple(s) for s in output_shapes), tuple(output_dtypes)))
+        return [mx.zeros(tuple(s), dtype=d) for s, d in zip(output_shapes, output_dtypes, strict=True)]
+    kernel = compiled(rendered)
+    outs = kernel(
+        inputs=list(inputs),
+        template=list(launch.template),
+        grid=launch.grid,
+        threadgroup=launch.threadgroup,
+        output_shapes=[tuple(s) for s in output_shapes],
+        output_dtypes=list(output_dtypes),
+    )
+    return list(outs)

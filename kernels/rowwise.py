@@ -1,0 +1,139 @@
+"""The row-kernel family (norms, softmax, logsumexp): shared parameter space and geometry.
+
+A row of ``D`` elements is handled by ``TPR = tg / rpg`` threads (a whole number of warps);
+a group of ``tg`` threads handles ``rpg`` consecutive rows. Each thread loads ``V`` consecutive
+elements per step (``vec``) and keeps its ``NITER * V`` values of the row in registers, so the
+row is read from memory once. Reductions: warp shuffles, then one shared-memory exchange between
+the warps of a row (none when a row is one warp).
+
+Parameters (the axes of the space): ``tg`` 32..1024, ``vec`` 1/2/4/8 (at most 16 bytes per
+load), ``rpg`` 1/2/4/8; constraints: ``D % vec == 0``, ``TPR >= 32``, every thread owns at least
+one vector (``TPR <= D / vec``), and at most ``MAX_REGS`` cached values per thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import mlx.core as mx
+
+from .common import ITEMSIZE, ceil_div, mx_dtype
+from .launch import KernelSource, Launch, run
+from .spec import BadShape, Config, GpuBackend
+
+TGS = (32, 64, 128, 256, 512, 1024)
+VECS = (1, 2, 4, 8)
+RPGS = (1, 2, 4, 8)
+MAX_REGS = 32
+
+# Dialect snippet shared by the row kernels: which row this thread works on, and the row of
+# input `x` loaded into registers `xv` as float (zeros past the end or for a missing row).
+LOAD_ROW = r"""
+  const unsigned t = KF_TID % TPR;
+  const KF_SIZE row = KF_SIZE(KF_GROUP) * RPG + KF_TID / TPR;
+  const bool valid = row < KF_SIZE(x_shape[0]);
+  float xv[NITER * V];
+#pragma unroll
+  for (int it = 0; it < NITER; ++it) {
+    const unsigned j = it * TPR + t;
+    if (valid && j < D / V) {
+      kf_vec<T, V> a = kf_vload<V>(x + row * D, j);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        xv[it * V + k] = float(a.v[k]);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        xv[it * V + k] = 0.0f;
+      }
+    }
+  }
+"""
+
+
+def _niter(D: int, tpr: int, vec: int) -> int:
+    return ceil_div(D // vec, tpr)
+
+
+def valid(config: Config, D: int, dtype: str) -> bool:
+    try:
+        tg, vec, rpg = int(config["tg"]), int(config["vec"]), int(config["rpg"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    if tg not in TGS or vec not in VECS or rpg not in RPGS or set(config) != {"tg", "vec", "rpg"}:
+        return False
+    if D % vec or vec * ITEMSIZE[dtype] > 16 or tg % rpg:
+        return False
+    tpr = tg // rpg
+    if tpr < 32 or tpr % 32 or tpr > D // vec:
+        return False
+    return _niter(D, tpr, vec) * vec <= MAX_REGS
+
+
+def space(D: int, dtype: str) -> list[Config]:
+    out = []
+    for vec in VECS:
+        for tg in TGS:
+            for rpg in RPGS:
+                c: Config = {"tg": tg, "vec": vec, "rpg": rpg}
+                if valid(c, D, dtype):
+                    out.append(c)
+    return out
+
+
+def default_config(D: int, dtype: str) -> Config:
+    """Widest vector loads; about 4 vectors per thread; small rows share a group (>= 128 threads)."""
+    configs = space(D, dtype)
+    if not configs:
+        raise BadShape(f"no row-kernel configuration fits a row of {D} elements")
+
+    def score(c: Config) -> tuple[int, int, int]:
+        tpr = c["tg"] // c["rpg"]
+        niter = _niter(D, tpr, c["vec"])
+        return (-c["vec"] * ITEMSIZE[dtype], abs(niter - 4) + (c["tg"] < 128) * 8, c["tg"])
+
+    return min(configs, key=score)
+
+
+def check_row(D: int, dtype: str) -> None:
+    if not space(D, dtype):
+        raise BadShape(f"row length {D} is too long or too short for the row kernels (32 <= D <= 32768)")
+
+
+def row_launch(config: Config, rows: int, D: int, dtype: str) -> Launch:
+    tg, vec, rpg = int(config["tg"]), int(config["vec"]), int(config["rpg"])
+    tpr = tg // rpg
+    groups = max(1, ceil_div(rows, rpg))
+    template = (
+        ("T", mx_dtype(dtype)),
+        ("D", D),
+        ("V", vec),
+        ("TPR", tpr),
+        ("RPG", rpg),
+        ("NITER", _niter(D, tpr, vec)),
+    )
+    return Launch(grid=(groups * tg, 1, 1), threadgroup=(tg, 1, 1), template=template)
+
+
+def run_rows(
+    src: KernelSource,
+    backend: GpuBackend,
+    config: Config,
+    dtype: str,
+    row_inputs: Sequence[mx.array],
+    other_inputs: Sequence[mx.array],
+    out_kinds: Sequence[str],
+) -> list[mx.array]:
+    """Launch a row kernel: ``row_inputs`` are (..., D) arrays flattened to (rows, D) (the first is
+    ``x``); ``out_kinds`` per output: ``"row"`` (same shape as x) or ``"scalar"`` (one per row)."""
+    x = row_inputs[0]
+    D = int(x.shape[-1])
+    lead = tuple(x.shape[:-1])
+    flat = [a.reshape(-1, D) for a in row_inputs]
+    rows = int(flat[0].shape[0])
+    launch = row_launch(config, rows, D, dtype)
+    shapes = [(rows, D) if k == "row" else (rows,) for k in out_kinds]
+    outs = run(src, backend, [*flat, *other_inputs], launch, shapes, [x.dtype] * len(out_kinds))
+    return [o.reshape(*lead, D) if k == "row" else o.reshape(lead)
+            for o, k in zip(outs, out_kinds, strict=True)]

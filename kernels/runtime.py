@@ -1,0 +1,118 @@
+"""Run catalog kernels in user code with the best known config for this chip.
+
+Choice per call: the profile entry for (kernel, shape, dtype) on this chip
+(:func:`kernelfleet.kernels.profile_file.lookup`), else the spec's default config. A profile
+entry whose config is the built-in runs the built-in; so does a backend without custom kernels
+(CPU), a dtype or shape the custom kernel does not handle, and a stale profile config that is no
+longer in the kernel's space (logged once). Built kernel functions are cached per
+(kernel, config key, dtype, shape class, parameters), all plain values.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import mlx.core as mx
+
+from . import profile_file
+from .common import dtype_name
+from .spec import BUILTIN, BadShape, Config, GpuBackend, KernelFn, Shape, config_key, format_shape
+
+logger = logging.getLogger(__name__)
+
+Params = tuple[tuple[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class Target:
+    chip: str
+    backend: str  # "metal" | "cuda" | "cpu"
+
+
+def target() -> Target:
+    """This process's chip name and backend (detected once per process)."""
+    return _detect()
+
+
+@cache
+def _detect() -> Target:
+    try:
+        from kernelfleet.worker.chip import detect_chip
+
+        info = detect_chip()
+        return Target(str(info.name), str(info.backend))
+    except ImportError:
+        backend = "metal" if mx.metal.is_available() else "cuda" if mx.cuda.is_available() else "cpu"
+        return Target("unknown", backend)
+
+
+def gpu_backend() -> GpuBackend | None:
+    b = target().backend
+    if b == "metal":
+        return "metal"
+    if b == "cuda":
+        return "cuda"
+    return None
+
+
+_built: dict[tuple[str, str, str, Shape, Params, str], KernelFn] = {}
+_warned: set[tuple[str, str, str, str]] = set()
+
+
+def choose_config(name: str, shape: Shape, dtype: str) -> Config:
+    """The config to run for ``name`` at ``shape``/``dtype`` on this chip."""
+    spec = _module(name).SPEC
+    entry = profile_file.lookup(name, format_shape(shape), dtype, target().chip)
+    if entry is not None:
+        config = dict(entry.get("config") or {})
+        if config == BUILTIN or config in spec.space(shape, dtype):
+            return config
+        key = (name, format_shape(shape), dtype, config_key(config) if config else "?")
+        if key not in _warned:
+            _warned.add(key)
+            logger.warning("profile config %s for %s %s %s is not in the kernel's space; using the default",
+                           key[3], name, key[1], dtype)
+    return spec.default_config(shape, dtype)
+
+
+@cache
+def _module(name: str) -> Any:
+    return importlib.import_module(f"{__package__}.{name}_kernel")
+
+
+def dispatch(name: str, inputs: Sequence[mx.array], shape: Shape, dtype_of: int = 0,
+             **params: Any) -> list[mx.array]:
+    """Run kernel ``name`` on ``inputs``; ``shape`` is the kernel's canonical shape for them."""
+    mod = _module(name)
+    spec = mod.SPEC
+    dtype = dtype_name(inputs[dtype_of].dtype) if inputs[dtype_of].dtype in (
+        mx.float32, mx.float16, mx.bfloat16) else ""
+    backend = gpu_backend()
+    if backend is None or dtype not in spec.dtypes:
+        return list(mod.builtin(inputs, **params))
+    try:
+        spec.validate_shape(shape)
+        config = choose_config(name, shape, dtype)
+    except BadShape:
+        return list(mod.builtin(inputs, **params))
+    if config == BUILTIN:
+        return list(mod.builtin(inputs, **params))
+    pkey: Params = tuple(sorted(params.items()))
+    key = (name, config_key(config), dtype, tuple(shape[1:]), pkey, backend)
+    fn = _built.get(key)
+    if fn is None:
+        fn = mod.make(config, backend, shape, dtype, **params)
+        _built[key] = fn
+    return list(fn(inputs))
+
+
+def clear_caches() -> None:
+    """Forget built kernels and the detected target (tests, or after pulling a new profile)."""
+    _built.clear()
+    _warned.clear()
+    _detect.cache_clear()

@@ -1,0 +1,70 @@
+"""THE catalog test: every kernel x dtype x available backend; the built-in and every rendered
+candidate of the parameter space match the float32 reference within the dtype's tolerance.
+
+CPU runs the built-in only (MLX has no custom CPU kernels); CUDA and Metal also run every config
+of the space for each test shape. GPU params carry the ``cuda`` / ``metal`` markers and skip
+cleanly when that backend is absent."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from kernelfleet.kernels.catalog import NAMES, available_names, get_spec
+from kernelfleet.kernels.spec import DTYPES, config_key
+
+BACKENDS = [
+    pytest.param("cpu", id="cpu"),
+    pytest.param("cuda", id="cuda", marks=pytest.mark.cuda),
+    pytest.param("metal", id="metal", marks=pytest.mark.metal),
+]
+
+
+def _available(backend: str) -> bool:
+    if backend == "cuda":
+        return bool(mx.cuda.is_available())
+    if backend == "metal":
+        return bool(mx.metal.is_available())
+    return True
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", NAMES)
+def test_catalog(name: str, dtype: str, backend: str) -> None:
+    if not _available(backend):
+        pytest.skip(f"MLX {backend} backend not available on this machine")
+    assert name in available_names(), f"catalog module {name} is missing"
+    spec = get_spec(name)
+    if dtype not in spec.dtypes:
+        pytest.skip(f"{name} does not support {dtype}")
+    assert spec.test_shapes
+    failures: list[str] = []
+    checked = 0
+    device = mx.cpu if backend == "cpu" else mx.gpu
+    with mx.stream(device):
+        for shape in spec.test_shapes:
+            inputs = spec.make_inputs(shape, dtype, 0)
+            ref = spec.reference(inputs)
+            mx.eval(ref)
+            candidates = [("builtin", None)]
+            if backend != "cpu":
+                configs = spec.space(shape, dtype)
+                assert configs, f"{name} {shape} {dtype}: empty parameter space"
+                candidates += [(config_key(c), c) for c in configs]
+            for key, config in candidates:
+                try:
+                    if config is None:
+                        outs = spec.builtin(inputs)
+                    else:
+                        outs = spec.build(config, backend, shape, dtype)(inputs)
+                    mx.eval(outs)
+                except Exception as e:  # a failing candidate is a test failure, reported with the rest
+                    failures.append(f"{shape} {key}: {type(e).__name__}: {str(e)[:300]}")
+                    continue
+                cmp = spec.compare(outs, ref, dtype)
+                checked += 1
+                if not cmp.ok:
+                    failures.append(f"{shape} {key}: {cmp.detail} (max abs {cmp.max_abs_err:.3g})")
+    total = checked + len(failures)
+    summary = f"{name} {dtype} {backend}: {len(failures)} of {total} failed:\n"
+    assert not failures, summary + "\n".join(failures[:40])

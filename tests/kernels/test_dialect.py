@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from kernelfleet.kernels import dialect, render_cuda, render_metal
+from kernelfleet.kernels.dialect import DialectError, float_literal, render
+
+
+def test_both_backends_spell_every_token() -> None:
+    assert set(render_metal.TOKENS) == set(dialect.VOCABULARY)
+    assert set(render_cuda.TOKENS) == set(dialect.VOCABULARY)
+
+
+@pytest.mark.parametrize("helper", dialect.HELPERS)
+def test_both_preludes_define_every_helper(helper: str) -> None:
+    assert re.search(rf"\b{helper}\b", render_metal.PRELUDE)
+    assert re.search(rf"\b{helper}\b", render_cuda.PRELUDE)
+
+
+def test_render_substitutes_whole_identifiers_only() -> None:
+    body = "float a = KF_EXP(x); KF_BARRIER; uint i = KF_TID; int KF_TIDE_x = 0;"
+    with pytest.raises(DialectError, match="KF_TIDE_x"):
+        render(body, "metal")
+    body = "float a = KF_EXP(x); KF_BARRIER; unsigned i = KF_TID;"
+    metal = render(body, "metal")
+    cuda = render(body, "cuda")
+    assert "metal::precise::exp(x)" in metal and "thread_position_in_threadgroup.x" in metal
+    assert "threadgroup_barrier(mem_flags::mem_threadgroup)" in metal
+    assert "expf(x)" in cuda and "threadIdx.x" in cuda and "__syncthreads()" in cuda
+    assert "KF_" not in metal and "KF_" not in cuda
+
+
+def test_metal_indices_are_mlx_attribute_names() -> None:
+    # MLX adds [[attribute]] parameters only for these exact names found in the source text.
+    attrs = {"thread_position_in_threadgroup", "threadgroup_position_in_grid", "thread_position_in_grid",
+             "thread_index_in_simdgroup", "simdgroup_index_in_threadgroup"}
+    rendered = render("KF_TID KF_GROUP KF_GID KF_LANE KF_WARP", "metal")
+    assert all(a in rendered for a in attrs)
+    assert "#define" not in render_metal.PRELUDE
+
+
+def test_values_and_float_literals() -> None:
+    assert float_literal(1e-5) == "1e-05f"
+    assert float_literal(1.0) == "1.0f"
+    assert float_literal(10000) == "10000.0f"
+    assert render("x * ${EPS}", "cuda", {"EPS": "1e-05f"}) == "x * 1e-05f"
+    with pytest.raises(DialectError, match="EPS"):
+        render("x * ${EPS}", "cuda", {})
+    with pytest.raises(DialectError):
+        float_literal(float("inf"))
+
+
+def test_source_version_depends_on_sources(tmp_path: Path) -> None:
+    a = tmp_path / "a.py"
+    a.write_text("BODY = 1")
+    v1 = dialect.source_version(str(a))
+    a.write_text("BODY = 2")
+    assert dialect.source_version(str(a)) != v1

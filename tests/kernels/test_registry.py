@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import pytest
+from kernelfleet.kernels import catalog
+from kernelfleet.kernels.catalog import all_specs, get_spec
+from kernelfleet.kernels.spec import DTYPES, UnknownKernel
+
+
+def test_unknown_kernel_lists_the_valid_names() -> None:
+    with pytest.raises(UnknownKernel) as e:
+        get_spec("rmsnrom")
+    assert "rmsnorm" in str(e.value) and "rmsnrom" in str(e.value)
+
+
+def test_every_spec_is_complete_and_consistent() -> None:
+    specs = all_specs()
+    assert [s.name for s in specs] == list(catalog.available_names())
+    for s in specs:
+        assert set(s.dtypes) <= set(DTYPES)
+        assert s.shapes["decode"] and s.shapes["large"] and s.test_shapes
+        assert len(s.version) == 16
+        for dtype in s.dtypes:
+            assert s.tolerance(dtype).atol > 0
+            for shape in [*s.shapes["decode"], *s.shapes["large"], *s.test_shapes]:
+                s.validate_shape(shape)
+                space = s.space(shape, dtype)
+                assert space, f"{s.name} {shape} {dtype}: empty space"
+                assert s.default_config(shape, dtype) in space
+                assert s.bytes_moved(shape, dtype) > 0
+                # space axes are real axes: every config has the same keys
+                assert len({tuple(sorted(c)) for c in space}) == 1
+
+
+def test_inputs_are_deterministic_per_seed() -> None:
+    import numpy as np
+
+    for s in all_specs():
+        shape = s.test_shapes[0]
+        a = s.make_inputs(shape, s.dtypes[0], 3)
+        b = s.make_inputs(shape, s.dtypes[0], 3)
+        c = s.make_inputs(shape, s.dtypes[0], 4)
+        assert all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b, strict=True))
+        assert not all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, c, strict=True))
