@@ -100,6 +100,11 @@ def tune_command(
             get_backend(backend)
     except (KernelError, SearchError, BackendError) as e:
         raise _fail(str(e), USAGE_ERROR) from e
+    if out is not None:  # find an unwritable --out before tuning, not after
+        try:
+            out.open("a", encoding="utf-8").close()
+        except OSError as e:
+            raise _fail(f"cannot append to {out}: {e.strerror or e}", USAGE_ERROR) from e
 
     progress = Progress(TextColumn(f"tuning {kernel} {shape} {dtype}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=err_console, transient=True)

@@ -2,7 +2,8 @@
 
 1. Screen: every candidate gets ``screen_rounds`` interleaved rounds.
 2. Keep the best ``1/eta`` (at least ``finalists``) plus the built-in; bring the survivors to
-   ``eta`` times as many rounds. Repeat until at most ``finalists`` custom candidates remain.
+   ``eta`` times as many rounds (at most half the final count). Repeat until at most
+   ``finalists`` custom candidates remain.
 3. Final: the finalists and the built-in are brought to ``final_rounds`` rounds (the same
    precision exhaustive search gives every candidate); the lowest median wins.
 
@@ -44,7 +45,8 @@ class SuccessiveHalving(SearchStrategy):
         while alive > self.finalists:
             alive = max(self.finalists, math.ceil(alive / self.eta))
             last = alive <= self.finalists
-            rounds = self.final_rounds if last else min(self.final_rounds, rounds * self.eta)
+            cap = max(rounds, self.final_rounds // 2)  # intermediate stages stay cheaper than the final
+            rounds = self.final_rounds if last else min(cap, rounds * self.eta)
             rungs.append((alive, rounds))
         if not rungs or rungs[-1][1] < self.final_rounds:
             rungs.append((alive, self.final_rounds))

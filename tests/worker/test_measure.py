@@ -1,0 +1,161 @@
+"""Measurement: real MLX execution on the CPU, with a tiny spec whose candidates are plain MLX
+compositions (MLX has no custom CPU kernels), including a broken, a crashing and a wrong one."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from kernelfleet.kernels.spec import KernelBuildError, KernelSpec, Tolerance
+from kernelfleet.worker.backends.base import Backend
+from kernelfleet.worker.golden import golden
+from kernelfleet.worker.measure import AllCandidatesFailed, Measurer, compare
+
+CALLS: list[str] = []
+
+
+def _make_inputs(shape, dtype, seed):
+    rng = np.random.default_rng(seed)
+    return [mx.array(rng.standard_normal(shape).astype(np.float32)).astype(getattr(mx, dtype))]
+
+
+def _build(config, backend, shape, dtype):
+    v = config["v"]
+    if v == "broken":
+        raise KernelBuildError("error: expected ';' after expression")
+    if v == "wrong":
+        return lambda xs: [xs[0] * 3]
+    if v == "crash":
+        def crash(xs):
+            raise RuntimeError("invalid launch configuration")
+        return crash
+    n = int(v)
+
+    def fn(xs):
+        CALLS.append(config["v"])
+        return [sum([xs[0]] * n) * (2.0 / n)]  # n adds: more work for larger n, same result
+    return fn
+
+
+def tiny_spec(variants=("1", "2", "4", "broken", "wrong", "crash")) -> KernelSpec:
+    return KernelSpec(
+        name="double", description="y = 2x", dtypes=("float32", "float16"), shape_doc="rows x cols",
+        shapes={"decode": [(1, 64)], "large": [(256, 256)]}, make_inputs=_make_inputs,
+        reference=lambda xs: [xs[0].astype(mx.float32) * 2], builtin=lambda xs: [xs[0] * 2],
+        space=lambda s, d: [{"v": v} for v in variants], build=_build,
+        tolerances={"float32": Tolerance(1e-5, 1e-5), "float16": Tolerance(1e-2, 1e-2)},
+        bytes_moved=lambda s, d: 2 * s[0] * s[1] * 2, version="test-1")
+
+
+class Composed(Backend):
+    """A CPU backend that accepts custom candidates (the tiny spec's are MLX compositions)."""
+
+    name = "cpu"
+    supports_custom_kernels = True
+
+    def available(self) -> bool:
+        return True
+
+    @property
+    def device(self) -> mx.Device:
+        return mx.Device(mx.cpu)
+
+
+def measurer(spec: KernelSpec, shape=(16, 128), dtype="float16", seed=0, **kw) -> Measurer:
+    be = Composed()
+    inputs = spec.make_inputs(shape, dtype, seed)
+    ref = spec.reference(inputs)
+    return Measurer(spec, be, shape, dtype, inputs, ref, be.candidates(spec, shape, dtype), seed=seed, **kw)
+
+
+def test_failures_are_classified_and_kept():
+    m = measurer(tiny_spec())
+    keys = list(m.trials)
+    medians = m.measure(keys, 4)
+    t = m.trials
+    assert [t[k].status for k in keys] == ["ok", "ok", "ok", "ok", "compile_error", "mismatch",
+                                           "launch_error"]
+    assert "expected ';'" in t["v=broken"].error
+    assert "invalid launch configuration" in t["v=crash"].error and "RuntimeError" in t["v=crash"].error
+    assert "outside tolerance" in t["v=wrong"].error
+    assert t["v=wrong"].max_abs_err > 0.5  # 3x vs 2x: the error was measured and recorded
+    for k in ("v=broken", "v=wrong", "v=crash"):
+        rep = t[k].to_report()
+        assert medians[k] is None and rep["n"] == 0 and rep["samples_us"] is None
+        assert rep["median_us"] is rep["p10_us"] is rep["p90_us"] is None
+    assert len(m.touched()) == 7
+
+
+def test_samples_and_stats():
+    m = measurer(tiny_spec())
+    m.measure(list(m.trials), 5)
+    m.measure(["builtin", "v=1"], 3)
+    for key, rounds in (("builtin", 8), ("v=1", 8), ("v=2", 5), ("v=4", 5)):
+        rep = m.trials[key].to_report()
+        assert rep["n"] == rounds == len(rep["samples_us"])
+        assert rep["median_us"] == pytest.approx(float(np.median(rep["samples_us"])))
+        assert rep["p10_us"] <= rep["median_us"] <= rep["p90_us"]
+        assert all(s > 0 for s in rep["samples_us"])
+        assert rep["max_abs_err"] is not None and rep["max_abs_err"] <= 1e-2
+    # a decode-size launch is far below 1 ms, so a round batches many launches between syncs
+    assert m.trials["builtin"].launches_per_round > 1
+
+
+def test_rounds_interleave_candidates_in_seeded_shuffled_order():
+    def orders(seed):
+        spec = tiny_spec(("1", "2", "4"))
+        m = measurer(spec, seed=seed, min_round_s=0.0)  # one launch per round: each call = one round slot
+        m.prepare(list(m.trials))
+        CALLS.clear()
+        m.measure(["v=1", "v=2", "v=4"], 12)
+        rounds = [CALLS[i:i + 3] for i in range(0, len(CALLS), 3)]
+        assert len(rounds) == 12 and all(sorted(r) == ["1", "2", "4"] for r in rounds)
+        return rounds
+
+    a, b, c = orders(0), orders(0), orders(1)
+    assert a == b  # seeded
+    assert len({tuple(r) for r in a}) > 1  # shuffled round by round, not a fixed order
+    assert a != c
+
+
+def test_all_failed_is_an_error():
+    m = measurer(tiny_spec(("broken", "wrong")))
+    m.trials.pop("builtin")
+    m.measure(list(m.trials), 2)
+    with pytest.raises(AllCandidatesFailed, match="all 2 candidates failed.*v=broken: compile_error"):
+        m.raise_if_all_failed()
+
+
+def test_compare():
+    tol = Tolerance(1e-3, 1e-2)
+    ref = [mx.array([1.0, -2.0, 0.0, 100.0])]
+    ok, mabs, mrel, msg = compare([mx.array([1.0005, -2.0, 0.0009, 100.5])], ref, tol)
+    assert ok and msg is None and mabs == pytest.approx(0.5, rel=1e-4)
+    ok, mabs, _, msg = compare([mx.array([1.0, -2.0, 0.002, 100.0])], ref, tol)
+    assert not ok and "1 elements outside tolerance" in msg
+    ok, mabs, _, msg = compare([mx.array([1.0, float("nan"), 0.0, 100.0])], ref, tol)
+    assert not ok and mabs is None and "NaN/inf" in msg
+    ok, *_, msg = compare([mx.array([1.0, 2.0])], ref, tol)
+    assert not ok and "shape" in msg
+    idx = [mx.array([3, 1], dtype=mx.int32)]
+    assert compare([mx.array([3, 1], dtype=mx.int32)], idx, tol, exact_outputs=(0,))[0]
+    assert not compare([mx.array([3, 2], dtype=mx.int32)], idx, tol, exact_outputs=(0,))[0]
+
+
+def test_golden():
+    x = mx.arange(1000, dtype=mx.float16) / 10
+    g = golden([x])
+    flat = np.asarray((mx.arange(1000, dtype=mx.float16) / 10).astype(mx.float32))
+    assert g["digest"] == hashlib.sha256(flat.astype("<f4").tobytes()).hexdigest()
+    assert g["numel"] == 1000 and g["stride"] == 4 and len(g["sample"]) == 250
+    assert g["sample"][:3] == [float(flat[0]), float(flat[4]), float(flat[8])]
+    assert g["stats"]["max"] == pytest.approx(99.9, abs=0.05) and g["stats"]["min"] == 0.0
+    two = golden([x, mx.ones((3,))])
+    assert two["numel"] == 1003 and two["digest"] != g["digest"]
+    assert golden([mx.zeros((5,))])["stride"] == 1
+    rnd = random.Random(0)
+    big = mx.array([rnd.random() for _ in range(100_000)])
+    assert len(golden([big])["sample"]) == 256
