@@ -41,7 +41,7 @@ API_ROUTERS: tuple[str, ...] = (
 )
 SITE_ROUTERS: tuple[str, ...] = (
     "kernelfleet.service.api.health",
-    # H5: "kernelfleet.web.routes",
+    "kernelfleet.web.router",
 )
 # ------------------------------------------------------------------------------------------------
 

@@ -1,0 +1,177 @@
+"""Fleet page (``/``): every worker with its chip, backend, status, last heartbeat, current job and
+results per day; totals for the fleet."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Annotated, Any
+
+from fastapi import Query, Request
+from fastapi.responses import HTMLResponse
+from kernelfleet.service.db import db_now
+from kernelfleet.service.deps import SessionDep, SettingsDep
+from kernelfleet.service.models import Job, JobState, Regression, RegressionStatus, Result, Worker
+from kernelfleet.web.figures import results_per_day_figure
+from kernelfleet.web.render import db_clock, page, utc
+from kernelfleet.web.routing import page_router
+from kernelfleet.web.sql import utc_day
+from sqlalchemy import case, func, select
+from sqlalchemy.orm import Session
+
+router = page_router()
+
+MAX_WORKERS = 500
+STATUSES = ("online", "offline", "revoked")
+
+
+@dataclass
+class WorkerRow:
+    id: int
+    name: str
+    chip: str
+    backend: str
+    os: str
+    mlx_version: str
+    status: str
+    last_heartbeat_at: datetime | None
+    job: str | None
+    job_id: int | None
+    job_campaign: int | None = None
+    results_week: int = 0
+
+
+def _workers(session: Session, offline_after: float, status: str | None, chip: str | None) -> list[WorkerRow]:
+    state = case(
+        (Worker.revoked_at.is_not(None), "revoked"),
+        (Worker.last_heartbeat_at >= db_now(-offline_after), "online"),
+        else_="offline",
+    ).label("status")
+    q = (
+        select(
+            Worker.id,
+            Worker.name,
+            Worker.chip,
+            Worker.backend,
+            Worker.os,
+            Worker.mlx_version,
+            state,
+            Worker.last_heartbeat_at,
+        )
+        .order_by(Worker.chip, Worker.name, Worker.id)
+        .limit(MAX_WORKERS)
+    )
+    if chip:
+        q = q.where(Worker.chip == chip)
+    rows = [
+        WorkerRow(
+            id=r.id,
+            name=r.name,
+            chip=r.chip,
+            backend=str(r.backend),
+            os=r.os,
+            mlx_version=r.mlx_version,
+            status=r.status,
+            last_heartbeat_at=r.last_heartbeat_at,
+            job=None,
+            job_id=None,
+        )
+        for r in session.execute(q)
+    ]
+    if status:
+        rows = [r for r in rows if r.status == status]
+    return rows
+
+
+def _current_jobs(session: Session, rows: list[WorkerRow]) -> None:
+    by_id = {r.id: r for r in rows}
+    if not by_id:
+        return
+    q = select(Job.id, Job.leased_by, Job.kernel, Job.shape, Job.dtype, Job.campaign_id).where(
+        Job.state == JobState.leased, Job.leased_by.in_(list(by_id))
+    )
+    for j in session.execute(q):
+        row = by_id[j.leased_by]
+        row.job, row.job_id, row.job_campaign = f"{j.kernel} {j.shape} {j.dtype}", j.id, j.campaign_id
+
+
+def _per_day(session: Session, rows: list[WorkerRow], now: datetime, days: int) -> tuple[list[str], dict]:
+    names = {r.id: f"{r.name} (#{r.id})" for r in rows}
+    labels = [(now - timedelta(days=i)).strftime("%Y-%m-%d") for i in range(days - 1, -1, -1)]
+    if not names:
+        return labels, {}
+    day = utc_day(Result.created_at).label("day")
+    q = (
+        select(Result.worker_id, day, func.count().label("n"))
+        .where(Result.worker_id.in_(list(names)), Result.created_at >= db_now(-86400.0 * days))
+        .group_by(Result.worker_id, day)
+    )
+    counts: dict[tuple[str, str], int] = {}
+    by_id = {r.id: r for r in rows}
+    for r in session.execute(q):
+        key = str(r.day)[:10]
+        counts[(names[r.worker_id], key)] = int(r.n)
+        by_id[r.worker_id].results_week += int(r.n) if key >= labels[-7] else 0
+    return labels, counts
+
+
+def _totals(session: Session) -> dict[str, int]:
+    jobs: dict[Any, int] = dict(
+        session.execute(select(Job.state, func.count()).group_by(Job.state)).tuples().all()
+    )
+    open_regressions = (
+        session.scalar(
+            select(func.count())
+            .select_from(Regression)
+            .where(Regression.status.in_([RegressionStatus.open, RegressionStatus.confirming]))
+        )
+        or 0
+    )
+    day = session.scalar(
+        select(func.count()).select_from(Result).where(Result.created_at >= db_now(-86400.0))
+    )
+    return {
+        "queued": jobs.get(JobState.queued, 0),
+        "leased": jobs.get(JobState.leased, 0),
+        "dead": jobs.get(JobState.dead, 0),
+        "done": jobs.get(JobState.done, 0),
+        "open_regressions": int(open_regressions),
+        "results_24h": int(day or 0),
+    }
+
+
+@router.get("/", response_class=HTMLResponse)
+def fleet(
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    status: Annotated[str | None, Query(pattern="^(online|offline|revoked)$")] = None,
+    chip: Annotated[str | None, Query(max_length=128)] = None,
+    days: Annotated[int, Query(ge=1, le=90)] = 14,
+) -> HTMLResponse:
+    now = db_clock(session)
+    all_rows = _workers(session, settings.worker_offline_after_seconds, None, chip)
+    rows = [r for r in all_rows if status is None or r.status == status]
+    _current_jobs(session, rows)
+    labels, counts = _per_day(session, rows, now, days)
+    shown = {k[0] for k in counts}
+    workers = [f"{r.name} (#{r.id})" for r in rows if f"{r.name} (#{r.id})" in shown]
+    figure = results_per_day_figure(labels, workers, counts) if counts else None
+    summary = {s: sum(1 for r in all_rows if r.status == s) for s in STATUSES}
+    chips = session.scalars(select(Worker.chip).distinct().order_by(Worker.chip)).all()
+    return page(
+        request,
+        "fleet.html",
+        title="Fleet",
+        rows=rows,
+        now=now,
+        figure=figure,
+        totals=_totals(session),
+        summary=summary,
+        status=status,
+        chip=chip,
+        chips=chips,
+        days=days,
+        offline_after=settings.worker_offline_after_seconds,
+        utc=utc,
+    )

@@ -1,0 +1,79 @@
+"""The dashboard router: every page, the static files, login, and errors rendered as HTML pages.
+
+The coordinator app includes :data:`router`. Errors raised by a page (unknown ids, bad filters,
+missing auth) are turned into friendly HTML pages by :class:`HtmlErrorRoute`, so nothing here
+needs app-wide exception handlers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import plotly
+from fastapi import APIRouter, Form, Request, Response
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
+from kernelfleet.service.auth import is_admin_token
+from kernelfleet.service.deps import ADMIN_COOKIE, SettingsDep
+from kernelfleet.web import campaigns, chip, chips, compare, fleet, kernel, profiles, regressions, runs
+from kernelfleet.web.errors import PageNotFound
+from kernelfleet.web.render import page
+from kernelfleet.web.routing import HtmlErrorRoute
+
+STATIC_DIR = Path(__file__).parent / "static"
+STATIC_FILES = {
+    "plotly.min.js": Path(plotly.__file__).parent / "package_data" / "plotly.min.js",
+    "dashboard.css": STATIC_DIR / "dashboard.css",
+    "dashboard.js": STATIC_DIR / "dashboard.js",
+}
+
+
+router = APIRouter(route_class=HtmlErrorRoute, include_in_schema=False)
+
+
+@router.get("/static/{name}")
+def static(name: str) -> FileResponse:
+    path = STATIC_FILES.get(name)
+    if path is None:
+        raise PageNotFound(f"no static file {name!r}")
+    media = "text/css" if name.endswith(".css") else "text/javascript"
+    return FileResponse(path, media_type=media, headers={"Cache-Control": "public, max-age=3600"})
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_form(request: Request, next: str = "/") -> HTMLResponse:
+    return page(request, "login.html", title="Sign in", next=next if next.startswith("/") else "/")
+
+
+@router.post("/login", response_model=None)
+def login(
+    request: Request,
+    settings: SettingsDep,
+    token: str = Form(max_length=512),
+    next: str = Form("/", max_length=1000),
+) -> Response:
+    if not is_admin_token(token.strip(), settings.admin_token):
+        return page(
+            request,
+            "login.html",
+            status_code=401,
+            title="Sign in",
+            next=next,
+            error="That is not the coordinator's admin token.",
+        )
+    target = next if next.startswith("/") and not next.startswith("//") else "/"
+    response = RedirectResponse(target, status_code=303)
+    response.set_cookie(
+        ADMIN_COOKIE, token.strip(), httponly=True, samesite="strict", secure=request.url.scheme == "https"
+    )
+    return response
+
+
+@router.post("/logout", response_model=None)
+def logout() -> Response:
+    response = RedirectResponse("/", status_code=303)
+    response.delete_cookie(ADMIN_COOKIE)
+    return response
+
+
+for _module in (fleet, chips, chip, kernel, compare, regressions, campaigns, profiles, runs):
+    router.include_router(_module.router)

@@ -1,0 +1,70 @@
+"""The route class every dashboard router uses: page errors become friendly HTML pages."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from kernelfleet.service.deps import require_dashboard
+from kernelfleet.service.errors import CoordinatorError
+from kernelfleet.web.errors import WebError
+from kernelfleet.web.render import page
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = [str(x) for x in err.get("loc", ()) if x not in ("query", "path", "body")]
+        parts.append(f"{'.'.join(loc) or 'request'}: {err.get('msg', 'invalid value')}")
+    return "; ".join(parts) or "invalid request"
+
+
+class HtmlErrorRoute(APIRoute):
+    """Renders this router's errors as HTML pages instead of JSON."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        original = super().get_route_handler()
+
+        async def handler(request: Request) -> Response:
+            try:
+                return await original(request)
+            except WebError as e:
+                return page(
+                    request,
+                    "error.html",
+                    status_code=e.status_code,
+                    title=e.title,
+                    message=e.message,
+                    hint=e.hint,
+                )
+            except RequestValidationError as e:
+                return page(
+                    request,
+                    "error.html",
+                    status_code=422,
+                    title="Bad filter",
+                    message=_validation_message(e),
+                    hint="Fix the value in the address bar, or start again from the menu.",
+                )
+            except CoordinatorError as e:
+                login = e.status_code == 401
+                return page(
+                    request,
+                    "error.html",
+                    status_code=e.status_code,
+                    title="Sign in needed" if login else "Not allowed",
+                    message=e.message,
+                    login_url=f"/login?next={request.url.path}" if login else None,
+                )
+
+        return handler
+
+
+def page_router() -> APIRouter:
+    """A router for read-only pages: public, or the admin token when the dashboard is private."""
+    return APIRouter(
+        route_class=HtmlErrorRoute, include_in_schema=False, dependencies=[Depends(require_dashboard)]
+    )
