@@ -5,6 +5,7 @@ The cap is enforced on the Content-Length header and, for chunked bodies, on the
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -59,27 +60,30 @@ class BodyLimitMiddleware:
 
         received = 0
         started = False
+        answered = False  # we sent the 413 ourselves; drop whatever the app sends after
 
         async def counting_receive() -> Message:
-            nonlocal received
+            nonlocal received, answered
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
+                    if not started and not answered:
+                        answered = True
+                        await _reply(send, 413, too_big)
                     raise BodyTooLarge
             return message
 
         async def tracking_send(message: Message) -> None:
             nonlocal started
+            if answered:
+                return
             if message["type"] == "http.response.start":
                 started = True
             await send(message)
 
-        try:
+        with contextlib.suppress(BodyTooLarge):
             await self.app(scope, counting_receive, tracking_send)
-        except BodyTooLarge:
-            if not started:
-                await _reply(send, 413, too_big)
 
 
 def describe_validation_errors(errors: Any) -> str:

@@ -21,7 +21,8 @@ from kernelfleet.service.schemas import (
 router = APIRouter(tags=["leases"])
 
 
-@router.post("/leases", response_model=LeaseOut, responses={204: {"description": "nothing this worker can run is queued"}})
+@router.post("/leases", response_model=LeaseOut,
+             responses={204: {"description": "nothing this worker can run is queued"}})
 def lease(worker: WorkerDep, session: SessionDep, settings: SettingsDep,
           body: LeaseIn | None = None) -> LeaseOut | Response:
     got = leasing.lease_next(session, worker, settings.lease_seconds)
