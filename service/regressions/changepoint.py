@@ -1,0 +1,135 @@
+"""The offline change-point pass: binary segmentation of a series' per-run log medians.
+
+Gradual drift never shows as one step against the recent history, but it does split the series
+into an earlier and a later level. The pass:
+
+1. tames outlier runs: each log median is clipped to its rolling median (5 runs) plus or minus
+   ``clip_sigmas`` robust sigmas (the sigma comes from first differences, which a level shift
+   hardly moves), so a single bad run cannot make a change point;
+2. finds the split maximizing the normalized difference of means (a CUSUM statistic);
+3. accepts it when a permutation test (the segment's runs shuffled ``permutations`` times) gives
+   p below ``p_threshold`` *and* the medians on both sides differ by at least ``min_effect``;
+4. recurses into both sides (binary segmentation), with at least ``min_segment`` runs per side;
+5. merges consecutive slower splits less than ``merge_within`` runs apart (a ramp is cut into
+   several steps) into one finding, from the level before the first to the level after the last.
+
+Findings whose level rose by at least ``min_effect`` are reported. The permutation generator is seeded,
+so a scan of the same data gives the same answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from kernelfleet.service.regressions.base import Finding, RunPoint, register_offline
+from kernelfleet.service.regressions.noise import MAD_TO_SIGMA, SCALE_FLOOR
+from scipy.ndimage import median_filter
+
+
+def _cusum_stat(x: np.ndarray, min_segment: int) -> np.ndarray:
+    """|mean(left) - mean(right)| / sqrt(1/nl + 1/nr) for every split of each row of ``x``."""
+    m = x.shape[-1]
+    csum = np.cumsum(x, axis=-1)
+    total = csum[..., -1:]
+    taus = np.arange(min_segment, m - min_segment + 1)
+    left = csum[..., taus - 1]
+    nl = taus.astype(float)
+    nr = m - nl
+    diff = left / nl - (total - left) / nr
+    result: np.ndarray = np.abs(diff) / np.sqrt(1.0 / nl + 1.0 / nr)
+    return result
+
+
+@dataclass(frozen=True)
+class ChangePointDetector:
+    name: str = "changepoint"
+    min_segment: int = 5
+    permutations: int = 999
+    p_threshold: float = 0.005
+    clip_sigmas: float = 3.0
+    seed: int = 20261126
+    merge_within: int = 15  # runs: slower steps closer than this are one (gradual) change
+
+    def scan(self, runs: Sequence[RunPoint], min_effect: float) -> list[Finding]:
+        raw = np.array([p.log_median for p in runs], dtype=float)
+        if len(raw) < 2 * self.min_segment:
+            return []
+        x = self._tame(raw)
+        rng = np.random.default_rng(self.seed)
+        cuts: list[tuple[int, float]] = []
+        stack = [(0, len(x))]
+        while stack:
+            a, b = stack.pop()
+            split = self._best_split(x[a:b], raw[a:b], rng, min_effect)
+            if split is None:
+                continue
+            cuts.append((a + split[0], split[1]))
+            stack.extend([(a, a + split[0]), (a + split[0], b)])
+        return self._findings(raw, sorted(cuts), min_effect)
+
+    def _findings(self, raw: np.ndarray, cuts: list[tuple[int, float]], min_effect: float) -> list[Finding]:
+        """One finding per slowdown: consecutive slower cuts with short segments between them (a ramp
+        cut into steps) merge into one, from the segment before the first to the one after the last."""
+        bounds = [0] + [c for c, _ in cuts] + [len(raw)]
+        medians = [float(np.median(raw[bounds[i] : bounds[i + 1]])) for i in range(len(bounds) - 1)]
+        findings: list[Finding] = []
+        i = 0
+        while i < len(cuts):
+            if medians[i + 1] <= medians[i]:
+                i += 1
+                continue
+            j = i
+            while (
+                j + 1 < len(cuts)
+                and medians[j + 2] > medians[j + 1]
+                and bounds[j + 2] - bounds[j + 1] < self.merge_within
+            ):
+                j += 1
+            before, after = medians[i], medians[j + 1]
+            effect = float(np.exp(after - before) - 1.0)
+            if effect >= min_effect:
+                findings.append(
+                    Finding(
+                        detector=self.name,
+                        index=cuts[i][0],
+                        baseline_median_us=float(np.exp(before)),
+                        new_median_us=float(np.exp(after)),
+                        effect=effect,
+                        p_value=max(p for _, p in cuts[i : j + 1]),
+                        baseline_indices=tuple(range(bounds[i], bounds[i + 1])),
+                    )
+                )
+            i = j + 1
+        return findings
+
+    def _tame(self, x: np.ndarray) -> np.ndarray:
+        diffs = np.diff(x)
+        spread = float(np.median(np.abs(diffs - np.median(diffs))))
+        sigma = max(MAD_TO_SIGMA * spread / np.sqrt(2), SCALE_FLOOR)
+        rolling = median_filter(x, size=5, mode="nearest")
+        band = self.clip_sigmas * sigma
+        clipped: np.ndarray = np.clip(x, rolling - band, rolling + band)
+        return clipped
+
+    def _best_split(
+        self, x: np.ndarray, raw: np.ndarray, rng: np.random.Generator, min_effect: float
+    ) -> tuple[int, float] | None:
+        m = len(x)
+        if m < 2 * self.min_segment:
+            return None
+        observed = _cusum_stat(x, self.min_segment)
+        tau = int(np.argmax(observed)) + self.min_segment
+        effect = float(np.exp(np.median(raw[tau:]) - np.median(raw[:tau])) - 1.0)
+        if abs(effect) < min_effect:
+            return None
+        shuffled = rng.permuted(np.broadcast_to(x, (self.permutations, m)), axis=1)
+        null_max = _cusum_stat(shuffled, self.min_segment).max(axis=1)
+        p = float((1 + np.count_nonzero(null_max >= observed.max())) / (self.permutations + 1))
+        if p >= self.p_threshold:
+            return None
+        return tau, p
+
+
+register_offline(ChangePointDetector())

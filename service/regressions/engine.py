@@ -1,0 +1,270 @@
+"""Regression detection in the coordinator: the result hook, confirmations, the scan, acknowledging.
+
+- Each stored result (:func:`on_result`, registered with :mod:`kernelfleet.service.hooks`) is
+  checked by the online detector against its series' recent history. A suspect becomes a
+  regression in status ``confirming`` together with a ``confirm`` job targeted at that exact chip
+  and backend, in one transaction.
+- When that confirm job's result arrives, the regression becomes ``open`` if the re-run reproduces
+  the slowdown against the same baseline, else ``dismissed``.
+- :func:`scan` runs the offline change-point pass over every series; what it finds that no
+  regression covers yet is stored as ``open`` (its evidence already spans several runs).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+
+from kernelfleet.service.db import db_now, immediate, is_sqlite
+from kernelfleet.service.errors import Conflict, NotFound
+from kernelfleet.service.hooks import on_result_stored
+from kernelfleet.service.models import Backend, Job, JobKind, JobState, Regression, RegressionStatus, Result
+from kernelfleet.service.regressions import base
+from kernelfleet.service.regressions.attribution import attribute, group_key, reference_runs
+from kernelfleet.service.regressions.series import SeriesKey, history, load_runs, to_run
+from kernelfleet.service.settings import Settings, get_settings
+from sqlalchemy import ColumnElement, and_, func, select, text, update
+from sqlalchemy.orm import Session, sessionmaker
+
+logger = logging.getLogger(__name__)
+
+SCAN_LOCK = 0x6B66_7265  # PostgreSQL advisory lock id for the scan ("kfre")
+SCAN_RUNS = 200  # runs per series the scan looks at
+COVER_RUNS = 10  # a finding this close to an existing regression is the same change
+
+
+def exact_chip_pattern(chip: str) -> str:
+    """A glob matching exactly ``chip`` (jobs target chips by glob)."""
+    return re.sub(r"([*?\[])", r"[\1]", chip)
+
+
+def _run_of(session: Session, result_id: int) -> tuple[Result, base.RunPoint] | None:
+    from kernelfleet.service.models import Trial
+
+    row = session.execute(
+        select(Result, Trial.samples_us, Trial.p10_us, Trial.p90_us, Trial.n)
+        .outerjoin(Trial, and_(Trial.result_id == Result.id, Trial.config_key == Result.best_config_key))
+        .where(Result.id == result_id)
+        .limit(1)
+    ).first()
+    if row is None:
+        return None
+    result = row[0]
+    if result.best_config_key is None or not result.best_median_us or result.best_median_us <= 0:
+        return None  # every trial failed: nothing to time
+    return result, to_run(result, row[1], row[2], row[3], row[4])
+
+
+def on_result(factory: sessionmaker[Session], result_id: int) -> None:
+    """The result hook: check a new run, or settle the regression it was a confirmation for.
+    Runs in one write transaction, so two results of one series are judged one after the other."""
+    settings = get_settings()
+    with factory() as session, immediate(session):
+        loaded = _run_of(session, result_id)
+        if loaded is None:
+            return
+        result, run = loaded
+        if result.job_id is not None:
+            job_kind = session.scalar(select(Job.kind).where(Job.id == result.job_id))
+            if job_kind == JobKind.confirm:
+                settle_confirmation(session, result, run, settings)
+                return
+        check_run(session, result, run, settings)
+
+
+def check_run(session: Session, result: Result, run: base.RunPoint, settings: Settings) -> Regression | None:
+    """Inside a transaction: a ``confirming`` regression and its confirm job when ``run`` is suspect."""
+    key = SeriesKey.of(result)
+    pending = session.scalar(
+        select(func.count(Regression.id)).where(
+            *_series_where(key), Regression.status == RegressionStatus.confirming
+        )
+    )
+    if pending:
+        return None  # one question at a time: the series waits for its confirmation
+    past = history(session, key, result.id, settings.regression_history_runs)
+    finding = base.online().check(past, run, settings.regression_min_effect)
+    if finding is None:
+        return None
+    cause = attribute(reference_runs(past, settings.regression_min_effect), run)
+    job = Job(
+        kind=JobKind.confirm,
+        kernel=result.kernel,
+        shape=result.shape,
+        dtype=result.dtype,
+        target_backend=Backend(result.backend),
+        target_chip=exact_chip_pattern(result.chip),
+        state=JobState.queued,
+        attempts=0,
+        max_attempts=settings.max_attempts,
+    )
+    session.add(job)
+    session.flush()
+    regression = Regression(
+        group_key=group_key(result.kernel, key.as_tuple(), cause),
+        kernel=result.kernel,
+        shape=result.shape,
+        dtype=result.dtype,
+        chip=result.chip,
+        config_key=result.best_config_key,
+        status=RegressionStatus.confirming,
+        detector=finding.detector,
+        baseline_median_us=finding.baseline_median_us,
+        new_median_us=finding.new_median_us,
+        effect=finding.effect,
+        p_value=finding.p_value,
+        cause=cause,
+        baseline_result_id=past[-1].result_id,
+        result_id=result.id,
+        confirm_job_id=job.id,
+    )
+    session.add(regression)
+    session.flush()
+    logger.info(
+        "suspected regression %s on %s: %+.1f%%, confirm job %s",
+        regression.id,
+        key,
+        100 * finding.effect,
+        job.id,
+    )
+    return regression
+
+
+def settle_confirmation(session: Session, result: Result, rerun: base.RunPoint, settings: Settings) -> None:
+    """Inside a transaction: open or dismiss the regression whose confirm job produced ``result``."""
+    regression = session.scalars(
+        select(Regression).where(
+            Regression.confirm_job_id == result.job_id, Regression.status == RegressionStatus.confirming
+        )
+    ).first()
+    if regression is None or regression.result_id is None:
+        return  # acknowledged meanwhile, or not ours
+    key = SeriesKey.of(regression)
+    past = history(session, key, regression.result_id, settings.regression_history_runs)
+    suspect = base.Finding(
+        detector=regression.detector,
+        index=len(past),
+        baseline_median_us=regression.baseline_median_us,
+        new_median_us=regression.new_median_us,
+        effect=regression.effect,
+        p_value=regression.p_value or 0.0,
+    )
+    reproduced = base.online().confirms(past, suspect, rerun, settings.regression_min_effect)
+    regression.status = RegressionStatus.open if reproduced else RegressionStatus.dismissed
+    logger.info(
+        "regression %s %s by confirmation result %s",
+        regression.id,
+        "confirmed" if reproduced else "dismissed",
+        result.id,
+    )
+
+
+def _series_where(key: SeriesKey) -> tuple[ColumnElement[bool], ...]:
+    return (
+        Regression.chip == key.chip,
+        Regression.kernel == key.kernel,
+        Regression.shape == key.shape,
+        Regression.dtype == key.dtype,
+    )
+
+
+@dataclass(frozen=True)
+class ScanReport:
+    series: int
+    findings: int
+    created: list[int]
+
+
+def scan(factory: sessionmaker[Session], settings: Settings) -> ScanReport:
+    """The offline change-point pass over every series; stores what no regression covers yet."""
+    detector = base.offline()
+    created: list[int] = []
+    findings = 0
+    with factory() as session:
+        keys = [
+            SeriesKey(*row)
+            for row in session.execute(
+                select(Result.chip, Result.kernel, Result.shape, Result.dtype)
+                .distinct()
+                .where(Result.best_config_key.is_not(None))
+            ).all()
+        ]
+    for key in keys:
+        with factory() as session, immediate(session):
+            if not is_sqlite(session.get_bind().engine):
+                session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": SCAN_LOCK})
+            runs = load_runs(session, key, limit=SCAN_RUNS)
+            found = detector.scan(runs, settings.regression_min_effect)
+            findings += len(found)
+            if not found:
+                continue
+            position = {r.result_id: i for i, r in enumerate(runs)}
+            existing = session.scalars(
+                select(Regression.result_id).where(
+                    *_series_where(key), Regression.status != RegressionStatus.dismissed
+                )
+            ).all()
+            taken = [position[r] for r in existing if r in position]
+            for f in found:
+                if any(abs(f.index - i) <= COVER_RUNS for i in taken):
+                    continue
+                new_run = runs[f.index]
+                cause = attribute([runs[i] for i in f.baseline_indices], new_run)
+                regression = Regression(
+                    group_key=group_key(key.kernel, key.as_tuple(), cause),
+                    kernel=key.kernel,
+                    shape=key.shape,
+                    dtype=key.dtype,
+                    chip=key.chip,
+                    config_key=new_run.attrs.get("config_key"),
+                    status=RegressionStatus.open,
+                    detector=f.detector,
+                    baseline_median_us=f.baseline_median_us,
+                    new_median_us=f.new_median_us,
+                    effect=f.effect,
+                    p_value=f.p_value,
+                    cause=cause,
+                    baseline_result_id=runs[f.index - 1].result_id,
+                    result_id=new_run.result_id,
+                )
+                session.add(regression)
+                session.flush()
+                created.append(regression.id)
+                taken.append(f.index)
+    return ScanReport(series=len(keys), findings=findings, created=created)
+
+
+def acknowledge(
+    session: Session, regression_id: int, note: str | None, whole_group: bool = False
+) -> list[int]:
+    """Acknowledge one regression (or every open/confirming one of its group); returns the ids."""
+    with immediate(session):
+        regression = session.get(Regression, regression_id)
+        if regression is None:
+            raise NotFound(f"no regression {regression_id}; list them with GET /api/v1/regressions")
+        if regression.status == RegressionStatus.acknowledged:
+            raise Conflict(f"regression {regression_id} is already acknowledged")
+        if regression.status == RegressionStatus.dismissed:
+            raise Conflict(
+                f"regression {regression_id} was dismissed (its confirmation run did not reproduce "
+                f"it); there is nothing to acknowledge"
+            )
+        target = (
+            Regression.group_key == regression.group_key if whole_group else Regression.id == regression_id
+        )
+        ids = list(
+            session.scalars(
+                update(Regression)
+                .where(target, Regression.status.in_([RegressionStatus.open, RegressionStatus.confirming]))
+                .values(
+                    status=RegressionStatus.acknowledged, acknowledged_at=db_now(), acknowledged_note=note
+                )
+                .returning(Regression.id)
+                .execution_options(synchronize_session=False)
+            ).all()
+        )
+    return sorted(ids)
+
+
+on_result_stored(on_result)
