@@ -36,7 +36,7 @@ API_ROUTERS: tuple[str, ...] = (
     "kernelfleet.service.api.jobs",
     "kernelfleet.service.api.leases",
     "kernelfleet.service.api.results",
-    # H6: "kernelfleet.service.api.regressions",
+    "kernelfleet.service.api.regressions",
     # H6: "kernelfleet.service.api.profiles",
 )
 SITE_ROUTERS: tuple[str, ...] = (
