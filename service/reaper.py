@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from kernelfleet.service.db import immediate, is_sqlite
+from kernelfleet.service.db import db_now, immediate, is_sqlite
 from kernelfleet.service.leasing import Transition, reap_expired
+from kernelfleet.service.models import Job, JobState
 from kernelfleet.service.settings import Settings
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 logger = logging.getLogger(__name__)
@@ -33,8 +34,31 @@ def reap_once(session_factory: sessionmaker[Session], settings: Settings) -> lis
     return moved
 
 
+def grant_restart_grace(session_factory: sessionmaker[Session], settings: Settings) -> int:
+    """At start-up, give every current lease at least one full lease period from now.
+
+    While no coordinator runs, workers can neither heartbeat nor report, so leases run out although
+    their workers are alive and their results wait in the workers' spools. Reaping those at once
+    would requeue them all (wasted attempts, duplicate tuning, spooled results refused with 409).
+    A worker that really vanished is still reaped, one lease period later.
+    """
+    with session_factory() as session, immediate(session):
+        soon = db_now(settings.lease_seconds)
+        extended = len(session.execute(
+            update(Job).where(Job.state == JobState.leased, Job.lease_expires_at < soon)
+            .values(lease_expires_at=soon).returning(Job.id).execution_options(synchronize_session=False)
+        ).all())
+    if extended:
+        logger.info("reaper: extended %s lease(s) by one lease period after start-up", extended)
+    return extended
+
+
 async def run_reaper(session_factory: sessionmaker[Session], settings: Settings) -> None:
-    """Reap every ``reaper_interval_seconds`` until cancelled."""
+    """Reap every ``reaper_interval_seconds`` until cancelled (after :func:`grant_restart_grace`)."""
+    try:
+        await asyncio.to_thread(grant_restart_grace, session_factory, settings)
+    except Exception:  # the reaper still runs; the worst case is an early requeue
+        logger.exception("extending leases after start-up failed")
     while True:
         try:
             await asyncio.to_thread(reap_once, session_factory, settings)
