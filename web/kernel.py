@@ -112,7 +112,7 @@ def kernel_page(
         chosen=chosen,
         mlx=mlx,
         versions=versions,
-        speed=speed,
+        speed_fig=speed,
         heat=heat,
         drift=drift,
         drift_count=sum(1 for d in drift if d.drift.beyond),

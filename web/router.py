@@ -14,7 +14,18 @@ from fastapi import APIRouter, Form, Request, Response
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 from kernelfleet.service.auth import is_admin_token
 from kernelfleet.service.deps import ADMIN_COOKIE, SettingsDep
-from kernelfleet.web import campaigns, chip, chips, compare, fleet, kernel, profiles, regressions, runs
+from kernelfleet.web import (
+    acknowledge,
+    campaigns,
+    chip,
+    chips,
+    compare,
+    fleet,
+    kernel,
+    profiles,
+    regressions,
+    runs,
+)
 from kernelfleet.web.errors import PageNotFound
 from kernelfleet.web.render import page
 from kernelfleet.web.routing import HtmlErrorRoute
@@ -75,5 +86,6 @@ def logout() -> Response:
     return response
 
 
+router.include_router(acknowledge.router)  # JSON errors: a plain route, not HtmlErrorRoute
 for _module in (fleet, chips, chip, kernel, compare, regressions, campaigns, profiles, runs):
     router.include_router(_module.router)

@@ -1,0 +1,101 @@
+"""Headless Chromium (Debian's, driven by Playwright) for the dashboard tests."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+# Set to a folder (e.g. docs/) to also save full-size screenshots for the README.
+DOCS_DIR = os.environ.get("KERNELFLEET_DOCS_SCREENSHOTS")
+
+CHARTS_JS = """() => Array.from(document.querySelectorAll('div.chart')).map(d => ({
+    name: d.dataset.name,
+    traces: (d.data || []).map(t => ({name: t.name, type: t.type, x: t.x || null, y: t.y || null,
+                                      z: t.z || null, text: t.text || null,
+                                      customdata: t.customdata || null}))}))"""
+
+
+@dataclass
+class Opened:
+    page: Any
+    errors: list[str] = field(default_factory=list)
+    status: int = 0
+
+    def charts(self) -> dict[str, list[dict[str, Any]]]:
+        return {c["name"]: c["traces"] for c in self.page.evaluate(CHARTS_JS)}
+
+    def rows(self, table_id: str, attr: str | None = None) -> list[Any]:
+        """The table's body rows: their text cells, or one data-attribute each."""
+        if attr:
+            return list(
+                self.page.eval_on_selector_all(
+                    f"table#{table_id} tbody tr", f"rows => rows.map(r => r.getAttribute('{attr}'))"
+                )
+            )
+        return list(
+            self.page.eval_on_selector_all(
+                f"table#{table_id} tbody tr",
+                "rows => rows.map(r => Array.from(r.cells).map(c => c.innerText.trim()))",
+            )
+        )
+
+    def text(self) -> str:
+        return str(self.page.inner_text("main"))
+
+
+def launch() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def open_page(browser: Any, url: str, *, width: int = 1360) -> Opened:
+    """Open ``url`` in a fresh page, collecting console errors and page errors, and wait until
+    every chart is drawn."""
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    opened = Opened(page)
+    page.on("console", lambda m: opened.errors.append(f"console: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: opened.errors.append(f"pageerror: {e}"))
+    response = page.goto(url, wait_until="load")
+    opened.status = response.status if response else 0
+    wait_for_charts(page)
+    return opened
+
+
+def wait_for_charts(page: Any) -> None:
+    page.wait_for_function(
+        "() => Array.from(document.querySelectorAll('div.chart')).every(d => d.dataset.ready === '1')",
+        timeout=30000,
+    )
+
+
+def shoot(opened: Opened, folder: Path, name: str, *, docs_name: str | None = None) -> Path:
+    """Save a full-page screenshot to ``folder`` (and to $KERNELFLEET_DOCS_SCREENSHOTS for the README)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+    path = folder / f"{safe}.png"
+    opened.page.screenshot(path=str(path), full_page=True)
+    if DOCS_DIR and docs_name:
+        opened.page.screenshot(path=str(Path(DOCS_DIR) / docs_name), full_page=True)
+    return path
