@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 out = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 admin_app = typer.Typer(help="Administer a coordinator: enrollment tokens, workers, campaigns, jobs.",
                         no_args_is_help=True)

@@ -11,7 +11,7 @@ from kernelfleet.service.settings import Settings
 from rich.console import Console
 from sqlalchemy.exc import SQLAlchemyError
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 out = Console()
 logger = logging.getLogger(__name__)
 

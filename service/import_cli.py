@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 out = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 BATCH_BYTES = 2 * 1024 * 1024
 
 

@@ -1,0 +1,190 @@
+"""The coordinator's command line: serve (un-migrated database, local admin token, local worker),
+the admin commands and `kernelfleet import`, each run as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+from conftest import Coordinator, free_port, kernelfleet_cmd
+from coordinator_helpers import make_report
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None,
+            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    full = dict(os.environ)
+    full.pop("KERNELFLEET_ADMIN_TOKEN", None)
+    full.update(env or {})
+    full["COLUMNS"] = "200"
+    return subprocess.run(kernelfleet_cmd(*args), capture_output=True, text=True, env=full, timeout=timeout)
+
+
+def test_serve_refuses_an_unmigrated_database(db_url: str) -> None:
+    r = run_cli("serve", "--database-url", db_url, "--port", str(free_port()),
+                env={"KERNELFLEET_ADMIN_TOKEN": "x"})
+    assert r.returncode != 0
+    assert "kernelfleet db upgrade" in r.stderr and "no KernelFleet schema" in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_serve_reports_an_unreachable_database() -> None:
+    r = run_cli("serve", "--database-url", "postgresql://nobody@127.0.0.1:1/none", "--port", str(free_port()))
+    assert r.returncode != 0 and "cannot open the database" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[str], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("not healthy")
+
+
+def _serve(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
+    port = free_port()
+    env = dict(os.environ)
+    env.pop("KERNELFLEET_ADMIN_TOKEN", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    proc = subprocess.Popen(kernelfleet_cmd("serve", "--database-url", f"sqlite:///{tmp_path / 'k.db'}",
+                                            "--port", str(port), *extra),
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    _wait_healthy(url, proc)
+    return proc, url
+
+
+def _stop(proc: subprocess.Popen[str]) -> str:
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    return out
+
+
+def test_local_mode_generates_an_admin_token_once_and_keeps_it(tmp_path: Path) -> None:
+    assert run_cli("db", "upgrade", "--database-url", f"sqlite:///{tmp_path / 'k.db'}").returncode == 0
+    proc, url = _serve(tmp_path)
+    first = _stop(proc)
+    path = tmp_path / "admin_token"
+    token = path.read_text().strip()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert token in first and "Generated an admin token" in first
+
+    proc, url = _serve(tmp_path)
+    try:
+        r = httpx.get(url + "/api/v1/workers", headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 200 and r.json() == []
+        # the admin CLI finds the local token by itself
+        listed = run_cli("admin", "workers", "list", "--coordinator", url,
+                         env={"KERNELFLEET_DATABASE_URL": f"sqlite:///{tmp_path / 'k.db'}"})
+        assert listed.returncode == 0, listed.stderr
+    finally:
+        second = _stop(proc)
+    assert token not in second, "the token is printed only when it is generated"
+
+
+def test_admin_cli_end_to_end(coordinator: Coordinator) -> None:
+    env = {"KERNELFLEET_ADMIN_TOKEN": coordinator.admin_token}
+    base = ("--coordinator", coordinator.url)
+    r = run_cli("admin", "campaign", "create", "--name", "norms", "--kernel", "rmsnorm",
+                "--kernel", "softmax", "--shape", "4096x4096", "--dtype", "float16", "--backend", "cuda",
+                "--chip", "NVIDIA H100*",
+                "--max-attempts", "4", *base, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "2 jobs queued for cuda NVIDIA H100*" in r.stdout
+    r = run_cli("admin", "campaign", "list", *base, env=env)
+    assert r.returncode == 0 and "norms" in r.stdout and "rmsnorm,softmax" in r.stdout
+    r = run_cli("admin", "jobs", "list", "--campaign", "1", "--state", "queued", *base, env=env)
+    assert r.returncode == 0 and "2 jobs" in r.stdout and "0/4" in r.stdout
+
+    r = run_cli("admin", "enroll-token", "--ttl", "60", *base, "--admin-token", coordinator.admin_token)
+    assert r.returncode == 0, r.stderr
+    enroll_token = next(line for line in r.stdout.splitlines() if line.startswith("kfe_"))
+    with coordinator.client() as c:
+        w = c.post("/workers/enroll", json={"enrollment_token": enroll_token, "name": "mac-mini",
+                                            "chip": "Apple M4", "backend": "metal"})
+        assert w.status_code == 201
+    r = run_cli("admin", "workers", "list", *base, env=env)
+    assert r.returncode == 0 and "mac-mini" in r.stdout and "active" in r.stdout
+    r = run_cli("admin", "workers", "revoke", str(w.json()["worker_id"]), *base, env=env)
+    assert r.returncode == 0 and "revoked" in r.stdout
+    r = run_cli("admin", "workers", "list", *base, env=env)
+    assert "revoked" in r.stdout
+
+
+def test_admin_cli_errors_are_clear(coordinator: Coordinator) -> None:
+    cases = [
+        (("admin", "campaign", "list"), "wrong", "401: invalid admin token"),
+        (("admin", "campaign", "create", "--name", "x", "--kernel", "rmsnorm", "--shape", "8x8", "--dtype",
+          "float64"), coordinator.admin_token, "dtypes.0"),
+        (("admin", "workers", "revoke", "999"), coordinator.admin_token, "worker 999 does not exist"),
+    ]
+    for args, token, message in cases:
+        r = run_cli(*args, "--coordinator", coordinator.url, env={"KERNELFLEET_ADMIN_TOKEN": token})
+        assert r.returncode == 1 and message in r.stderr, (args, r.stderr)
+        assert "Traceback" not in r.stderr
+
+
+def test_admin_cli_without_a_coordinator_or_token(tmp_path: Path) -> None:
+    r = run_cli("admin", "jobs", "list", "--coordinator", f"http://127.0.0.1:{free_port()}",
+                env={"KERNELFLEET_ADMIN_TOKEN": "x"})
+    assert r.returncode == 1 and "cannot reach the coordinator" in r.stderr
+    r = run_cli("admin", "jobs", "list", env={"KERNELFLEET_DATA_DIR": str(tmp_path)})
+    assert r.returncode == 1 and "no admin token" in r.stderr
+
+
+def test_import_cli(coordinator: Coordinator, tmp_path: Path) -> None:
+    env = {"KERNELFLEET_ADMIN_TOKEN": coordinator.admin_token}
+    bad = tmp_path / "bad.jsonl"
+    broken = make_report()
+    broken["trials"][1]["median_us"] = None
+    bad.write_text("\n".join([json.dumps(make_report()), "{not json", json.dumps(broken)]) + "\n")
+    r = run_cli("import", str(bad), "--coordinator", coordinator.url, env=env)
+    assert r.returncode == 1
+    assert "bad.jsonl line 2: not valid JSON" in r.stderr
+    assert "bad.jsonl line 3: not a valid tuning report" in r.stderr and "nothing was imported" in r.stderr
+    assert "Traceback" not in r.stderr
+
+    good = tmp_path / "good.jsonl"
+    good.write_text("\n".join(json.dumps(make_report(shape=f"{i}x8")) for i in range(1, 6)) + "\n\n")
+    r = run_cli("import", str(good), "--coordinator", coordinator.url,
+                "--admin-token", coordinator.admin_token)
+    assert r.returncode == 0, r.stderr
+    assert "imported 5 reports" in r.stdout
+    r = run_cli("import", str(tmp_path / "missing.jsonl"), "--coordinator", coordinator.url, env=env)
+    assert r.returncode == 1 and "cannot read" in r.stderr
+
+
+def test_local_worker_is_started_and_stopped_with_the_server(tmp_path: Path) -> None:
+    assert run_cli("db", "upgrade", "--database-url", f"sqlite:///{tmp_path / 'k.db'}").returncode == 0
+    proc, url = _serve(tmp_path, "--local-worker")
+    token = (tmp_path / "admin_token").read_text().strip()
+    try:
+        deadline = time.monotonic() + 60
+        workers: list[dict[str, object]] = []
+        while time.monotonic() < deadline and not workers:
+            workers = httpx.get(url + "/api/v1/workers", headers={"Authorization": f"Bearer {token}"}).json()
+            time.sleep(0.2)
+        assert len(workers) == 1, "the local worker enrolled itself"
+    finally:
+        out = _stop(proc)
+    assert (tmp_path / "local-worker" / "token").exists(), out
+    # a second start reuses the worker's stored token instead of enrolling again
+    proc, url = _serve(tmp_path, "--local-worker")
+    try:
+        time.sleep(3)
+        workers = httpx.get(url + "/api/v1/workers", headers={"Authorization": f"Bearer {token}"}).json()
+        assert len(workers) == 1
+    finally:
+        _stop(proc)
