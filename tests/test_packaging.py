@@ -1,0 +1,55 @@
+"""The built wheel installs into a fresh virtualenv and every package imports from it, outside the
+repository (no editable install, no source tree on the path)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("service", "worker", "web", "kernels", "migrations")
+
+
+@pytest.mark.slow
+def test_wheel_installs_and_imports_outside_the_repo(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    build = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation",
+                            "--outdir", str(dist)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    wheel = next(dist.glob("kernelfleet-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    top_level = [n for n in names if n.split("/")[0] in PACKAGES]
+    assert not top_level, "nothing generic may land at the top of site-packages"
+    sources = [p.relative_to(ROOT) for folder in PACKAGES for p in (ROOT / folder).rglob("*")
+               if p.suffix in (".py", ".html", ".mako") and "__pycache__" not in p.parts]
+    missing = [str(s) for s in sources if f"kernelfleet/{s.as_posix()}" not in names]
+    assert not missing, f"files missing from the wheel (list their packages in pyproject.toml): {missing}"
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
+    py = venv / "bin" / "python"
+    target = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    # install the wheel alone into the fresh venv; its dependencies come from this environment's
+    # site-packages, appended after the venv's own (offline, and no editable finder is loaded)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", target,
+                    str(wheel)], check=True, capture_output=True, timeout=300)
+    deps = sysconfig.get_paths()["purelib"]
+    prelude = f"import sys; sys.path.append({deps!r})\n"
+    code = prelude + (
+        "import kernelfleet.service.app, kernelfleet.worker.cli, kernelfleet.web, kernelfleet.kernels, "
+        "kernelfleet.migrations\n"
+        "import kernelfleet.service as s; print(s.__file__)\n"
+    )
+    r = subprocess.run([str(py), "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().startswith(target), r.stdout
+    main = prelude + "sys.argv = ['kernelfleet', '--help']\nfrom kernelfleet.worker.cli import main; main()\n"
+    cli = subprocess.run([str(py), "-c", main],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 0 and "serve" in cli.stdout, cli.stderr
