@@ -1,0 +1,66 @@
+"""Every figure builder's JSON is a valid Plotly figure (the pages serialize without validating)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+
+import plotly.graph_objects as go
+import pytest
+from kernelfleet.web import figures as F
+
+T0 = datetime(2026, 11, 1, 12, 0)
+POINTS = [
+    F.RunPoint(i, T0 + timedelta(hours=i), d, 10.0 + i, 9.5 + i, 11.0 + i, v, "tg=256,vec=4")
+    for i, (d, v) in enumerate([("float16", "0.32.3"), ("float32", "0.32.3"), ("float16", "0.32.4")])
+]
+
+BUILDERS = {
+    "series": lambda: F.series_figure(POINTS, highlight=[1], hlines=[(10.0, "baseline 10 µs")]),
+    "speedup": lambda: F.speedup_figure(
+        ["32x4096", "4096x4096"], ["A", "B"], {("A", "32x4096"): 1.2, ("B", "4096x4096"): None}
+    ),
+    "heatmap": lambda: F.config_heatmap(
+        ["32x4096", "4096x4096"],
+        ["A", "B"],
+        {("A", "32x4096"): "builtin", ("B", "4096x4096"): "tg=128,vec=2"},
+    ),
+    "ratio": lambda: F.ratio_figure(["rmsnorm", "softmax"], [0.8, 1.2], "A", "B"),
+    "per_day": lambda: F.results_per_day_figure(
+        ["2026-11-01", "2026-11-02"], ["w1"], {("w1", "2026-11-02"): 4}
+    ),
+    "samples": lambda: F.samples_figure([("tg=256,vec=4", [1.0, 1.1, 1.2]), ("builtin", [1.5, 1.6])]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_figure_is_valid_plotly(name: str) -> None:
+    fig = json.loads(BUILDERS[name]())
+    checked = go.Figure(fig)  # raises ValueError on any property plotly does not know
+    assert len(checked.data) == len(fig["data"]) > 0
+
+
+def test_series_figure_traces() -> None:
+    fig = json.loads(BUILDERS["series"]())
+    names = [t["name"] for t in fig["data"]]
+    assert names == [
+        "float16 p90",
+        "float16 p10–p90",
+        "float16",
+        "float32 p90",
+        "float32 p10–p90",
+        "float32",
+        "MLX 0.32.3",
+        "MLX 0.32.4",
+        "flagged run",
+    ]
+    by = {t["name"]: t for t in fig["data"]}
+    assert by["float16"]["y"] == [10.0, 12.0] and by["float16 p10–p90"]["y"] == [9.5, 11.5]
+    assert [c[0] for c in by["MLX 0.32.3"]["customdata"]] == [0, 1]
+    assert by["MLX 0.32.3"]["marker"]["symbol"] != by["MLX 0.32.4"]["marker"]["symbol"]
+    assert by["flagged run"]["y"] == [11.0]
+
+
+def test_geomean() -> None:
+    assert F.geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert F.geomean([]) is None
