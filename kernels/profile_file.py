@@ -11,7 +11,9 @@ File (JSON)::
                   "median_us": 41.2, "speedup": 1.31, "predicted": false}, ...]}
 
 Location: ``$KERNELFLEET_PROFILE_DIR`` or ``<user data dir>/profiles``, one file per chip
-(:func:`profile_path`).
+(:func:`profile_path`). Entries may carry more keys: ``runs`` (tuned), ``confidence`` and
+``basis`` (predicted). :func:`write` replaces a file atomically (temporary file, fsync, rename),
+so a reader never sees half a profile.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA = "kernelfleet-profile/1"
+KEY_FIELDS = ("kernel", "shape", "dtype")
 
 
 def profile_dir() -> Path:
@@ -49,6 +52,57 @@ def _load(path: str, mtime_ns: int) -> dict[tuple[str, str, str], dict[str, Any]
     if data.get("schema") != SCHEMA:
         return {}
     return {(e["kernel"], e["shape"], e["dtype"]): e for e in data.get("entries", [])}
+
+
+class ProfileFileError(ValueError):
+    """A profile body that is not in this format."""
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically: a temporary file beside it, fsync, rename, fsync dir."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    try:
+        fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write(body: dict[str, Any], path: Path | None = None) -> Path:
+    """Store a profile (as served by the coordinator) for its chip; returns the file's path."""
+    if body.get("schema") != SCHEMA or not isinstance(body.get("chip"), str) \
+            or not isinstance(body.get("entries"), list):
+        raise ProfileFileError(f"not a {SCHEMA} profile (schema {body.get('schema')!r})")
+    for e in body["entries"]:
+        if not isinstance(e, dict) or not all(isinstance(e.get(k), str) for k in KEY_FIELDS):
+            raise ProfileFileError(f"profile entry without kernel, shape and dtype: {e!r}"[:200])
+    target = path or profile_path(body["chip"])
+    atomic_write_text(target, json.dumps(body, indent=1, sort_keys=True) + "\n")
+    return target
+
+
+def read(chip: str) -> dict[str, Any] | None:
+    """The stored profile for ``chip``, or None when there is none or it cannot be read."""
+    try:
+        data = json.loads(profile_path(chip).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("schema") == SCHEMA else None
 
 
 def lookup(kernel: str, shape: str, dtype: str, chip: str) -> dict[str, Any] | None:

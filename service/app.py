@@ -37,7 +37,7 @@ API_ROUTERS: tuple[str, ...] = (
     "kernelfleet.service.api.leases",
     "kernelfleet.service.api.results",
     "kernelfleet.service.api.regressions",
-    # H6: "kernelfleet.service.api.profiles",
+    "kernelfleet.service.api.profiles",
 )
 SITE_ROUTERS: tuple[str, ...] = (
     "kernelfleet.service.api.health",

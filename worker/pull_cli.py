@@ -1,7 +1,86 @@
-"""Placeholder: commands are registered here (being written this session)."""
+"""``kernelfleet pull``: install this chip's learned profile (KernelFleet's profile file and zmlx's
+autotune cache). Exit codes: 0 done, 1 could not pull (message on stderr; files untouched)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Annotated, Any
 
 import typer
+from kernelfleet.worker.pull import DEFAULT_COORDINATOR, PullError, pull
+from rich.console import Console
+from rich.progress import Progress
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the main app."""
+    """Add ``pull`` to the main app."""
+    app.command("pull")(pull_command)
+
+
+def pull_command(
+    coordinator: Annotated[
+        str, typer.Option("--coordinator", envvar="KERNELFLEET_COORDINATOR", help="The coordinator's URL")
+    ] = DEFAULT_COORDINATOR,
+    chip: Annotated[
+        str, typer.Option("--chip", help="'auto' (this machine) or a chip name, e.g. 'Apple M3 Max'")
+    ] = "auto",
+    mlx_version: Annotated[
+        str | None,
+        typer.Option(
+            "--mlx-version",
+            help="Use only results from this MLX version (and key zmlx's cache by it); "
+            "default: every version, zmlx keyed by the installed MLX",
+        ),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            envvar="KERNELFLEET_TOKEN",
+            help="Admin token, when the coordinator's reads are not public",
+        ),
+    ] = None,
+    zmlx: Annotated[
+        bool, typer.Option("--zmlx/--no-zmlx", help="Also merge into zmlx's autotune cache")
+    ] = True,
+) -> None:
+    """Fetch this chip's profile from the coordinator; write the profile file and merge zmlx's cache."""
+    out = Console(soft_wrap=True)
+    err = Console(stderr=True, soft_wrap=True)
+    with Progress(console=err, transient=True) as bar:
+
+        def progress(items: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+            listed = list(items)
+            task = bar.add_task("rendering zmlx cache entries", total=len(listed))
+            for item in listed:
+                yield item
+                bar.advance(task)
+
+        try:
+            result = pull(coordinator, chip, mlx_version, token=token, zmlx=zmlx, progress=progress)
+        except PullError as e:
+            err.print(f"[bold red]error:[/] {e}", highlight=False)
+            raise typer.Exit(1) from e
+    state = "unchanged" if result.unchanged else "installed"
+    out.print(
+        f"profile for {result.target.chip} version {result.version} {state}: {result.entries} entries "
+        f"({result.predicted} predicted) -> {result.profile_path}",
+        highlight=False,
+    )
+    if result.zmlx is not None:
+        z = result.zmlx
+        out.print(
+            f"zmlx cache: {z.written} entries under {z.device_key} -> {z.path} "
+            f"({z.kept_devices} other device(s) kept)",
+            highlight=False,
+        )
+        if z.backup is not None:
+            err.print(
+                f"[yellow]warning:[/] the old zmlx cache was not valid schema-3.0 JSON; kept it as "
+                f"{z.backup}",
+                highlight=False,
+            )
+        for line in z.skipped:
+            err.print(f"[yellow]skipped for zmlx:[/] {line}", highlight=False)
+    else:
+        out.print(f"zmlx cache: skipped ({result.zmlx_skipped})", highlight=False)

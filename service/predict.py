@@ -1,0 +1,150 @@
+"""Learned config predictions for (kernel, shape, dtype) never tuned on a chip.
+
+Every measured (chip, shape, dtype) of a kernel is a *source*: its configs' times relative to its
+best. A source's weight is how close it is to the target:
+
+- shape distance: the sum over dimensions of ``|log(a_i / b_i)|`` (same rank only), plus one for a
+  different dtype; weight ``exp(-distance / SHAPE_SCALE)``;
+- chip similarity: 1 for the target chip itself; for another chip, how good that chip's choices
+  are on the target where both measured the same (kernel, shape, dtype) (``exp(-mean log slowdown
+  / 0.05)``, capped at ``OTHER_CHIP_CAP`` so the chip's own data leads), or a small prior from the
+  chips' names (shared words) where they never measured the same thing.
+
+The predicted config minimizes the weighted mean relative time over the sources that measured
+it, among configs measured by at least half the total weight (and valid for the target shape,
+when the caller can tell). Its expected time scales each source's time by the element-count ratio
+(bandwidth-bound kernels); the speedup compares with the built-in predicted the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+SHAPE_SCALE = 1.0
+OTHER_CHIP_CAP = 0.8
+NAME_PRIOR = 0.3
+MIN_COVERAGE = 0.5
+MIN_WEIGHT = 1e-3
+
+# (kernel, shape, dtype) -> {config_key: median time in microseconds}
+ChipTable = dict[tuple[str, str, str], dict[str, float]]
+# chip -> its table
+Observations = Mapping[str, ChipTable]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    config_key: str
+    median_us: float
+    speedup: float | None
+    confidence: float  # weighted coverage of the chosen config, 0..1
+    basis: list[dict[str, object]] = field(default_factory=list)  # the heaviest sources
+
+
+def parse_dims(shape: str) -> tuple[int, ...] | None:
+    try:
+        dims = tuple(int(p) for p in shape.split("x"))
+    except ValueError:
+        return None
+    return dims if dims and all(d > 0 for d in dims) else None
+
+
+def shape_distance(a: str, b: str) -> float | None:
+    da, db = parse_dims(a), parse_dims(b)
+    if da is None or db is None or len(da) != len(db):
+        return None
+    return float(sum(abs(math.log(x / y)) for x, y in zip(da, db, strict=True)))
+
+
+def numel_ratio(target: str, source: str) -> float:
+    dt, ds = parse_dims(target), parse_dims(source)
+    if dt is None or ds is None:
+        return 1.0
+    return math.prod(dt) / math.prod(ds)
+
+
+def _words(chip: str) -> set[str]:
+    return {w for w in re.split(r"[^a-z0-9]+", chip.lower()) if w}
+
+
+def chip_similarity(target: str, other: str, observations: Observations) -> float:
+    """1 for the same chip; otherwise how well ``other``'s best configs do on ``target``."""
+    if target == other:
+        return 1.0
+    mine, theirs = observations.get(target, {}), observations.get(other, {})
+    slowdowns = []
+    for key in mine.keys() & theirs.keys():
+        times, their_times = mine[key], theirs[key]
+        their_best = min(their_times, key=their_times.__getitem__)
+        if their_best in times:
+            slowdowns.append(math.log(times[their_best] / min(times.values())))
+    if slowdowns:
+        return OTHER_CHIP_CAP * math.exp(-(sum(slowdowns) / len(slowdowns)) / 0.05)
+    a, b = _words(target), _words(other)
+    return NAME_PRIOR * len(a & b) / len(a | b) if a | b else 0.0
+
+
+def predict(
+    chip: str,
+    kernel: str,
+    shape: str,
+    dtype: str,
+    observations: Observations,
+    *,
+    valid: Callable[[str], bool] | None = None,
+    exclude: set[tuple[str, str, str, str]] | None = None,
+) -> Prediction | None:
+    """The predicted config for ``kernel`` at ``shape``/``dtype`` on ``chip``, or None without sources.
+
+    ``valid(config_key)`` rejects configs the kernel cannot run at ``shape``; ``exclude`` drops
+    (chip, kernel, shape, dtype) sources (the held-out shape in the benchmark).
+    """
+    sources: list[tuple[float, str, str, dict[str, float]]] = []  # weight, chip, shape, times
+    similarity: dict[str, float] = {}
+    for other, table in observations.items():
+        for (k, s, d), times in table.items():
+            if k != kernel or not times or (exclude and (other, k, s, d) in exclude):
+                continue
+            if other == chip and s == shape and d == dtype:
+                continue  # that is the tuned entry itself, not a prediction
+            distance = shape_distance(shape, s)
+            if distance is None:
+                continue
+            distance += 0.0 if d == dtype else 1.0
+            if other not in similarity:
+                similarity[other] = chip_similarity(chip, other, observations)
+            weight = similarity[other] * math.exp(-distance / SHAPE_SCALE)
+            if weight >= MIN_WEIGHT:
+                sources.append((weight, other, s, times))
+    if not sources:
+        return None
+    total = sum(w for w, *_ in sources)
+    scores: dict[str, list[float]] = {}  # key -> [sum w*rel, sum w, sum w*scaled time]
+    for weight, _, s, times in sources:
+        best = min(times.values())
+        ratio = numel_ratio(shape, s)
+        for key, t in times.items():
+            acc = scores.setdefault(key, [0.0, 0.0, 0.0])
+            acc[0] += weight * t / best
+            acc[1] += weight
+            acc[2] += weight * t * ratio
+    candidates = {
+        k: v for k, v in scores.items() if v[1] >= MIN_COVERAGE * total and (valid is None or valid(k))
+    }
+    if not candidates:
+        return None
+    choice = min(candidates, key=lambda k: (candidates[k][0] / candidates[k][1], k))
+    acc = candidates[choice]
+    expected = acc[2] / acc[1]
+    builtin = scores.get("builtin")
+    speedup = (builtin[2] / builtin[1]) / expected if builtin and expected > 0 else None
+    basis = [
+        {"chip": c, "shape": s, "weight": round(w / total, 3)}
+        for w, c, s, _ in sorted(sources, key=lambda x: -x[0])[:3]
+    ]
+    return Prediction(
+        config_key=choice, median_us=expected, speedup=speedup, confidence=acc[1] / total, basis=basis
+    )

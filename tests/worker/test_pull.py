@@ -1,0 +1,317 @@
+"""``kernelfleet pull`` end to end: results posted through the real API (enrolled worker, campaign,
+leases, reports), the CLI run as a user runs it, the pulled profile used by the kernels runtime,
+the zmlx cache read back by the real ``zmlx.autotune.load_autotune_cache``; and the edge cases
+(unreachable coordinator, corrupt cache)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from kernelfleet.kernels import profile_file
+from kernelfleet.kernels.catalog import get_spec
+from kernelfleet.kernels.spec import config_key
+
+M3_MAX = "Apple M3 Max"
+
+
+def kf(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, **env}
+    return subprocess.run(
+        [sys.executable, "-m", "kernelfleet.worker.cli", *args],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def report(
+    chip: str, backend: str, shape: str, best_factor: float, rng: np.random.Generator
+) -> dict[str, Any]:
+    """An exhaustive rmsnorm report over the kernel's real config space at ``shape``: config i runs at
+    ``100 * (1 + 0.05 i)`` us except config ``len // 2``, which runs at ``100 * best_factor``."""
+    spec = get_spec("rmsnorm")
+    rows, cols = (int(d) for d in shape.split("x"))
+    configs = spec.space((rows, cols), "float16")
+    trials = []
+    for i, c in enumerate(configs):
+        center = 100.0 * (best_factor if i == len(configs) // 2 else 1 + 0.05 * i)
+        samples = center * np.exp(rng.normal(0, 0.01, 20))
+        trials.append(
+            {
+                "config_key": config_key(c),
+                "config": c,
+                "is_builtin": False,
+                "status": "ok",
+                "samples_us": [float(v) for v in samples],
+                "median_us": float(np.median(samples)),
+                "p10_us": float(np.percentile(samples, 10)),
+                "p90_us": float(np.percentile(samples, 90)),
+                "n": 20,
+                "max_abs_err": 0.0,
+                "max_rel_err": 0.0,
+            }
+        )
+    trials.append(
+        {
+            "config_key": "builtin",
+            "config": {"variant": "builtin"},
+            "is_builtin": True,
+            "status": "ok",
+            "samples_us": None,
+            "median_us": 150.0,
+            "p10_us": 149.0,
+            "p90_us": 151.0,
+            "n": 2000,
+            "max_abs_err": 0.0,
+            "max_rel_err": 0.0,
+        }
+    )
+    best = min(trials, key=lambda t: t["median_us"])["config_key"]
+    return {
+        "kernel": "rmsnorm",
+        "shape": shape,
+        "dtype": "float16",
+        "seed": 0,
+        "strategy": "exhaustive",
+        "env": {
+            "chip": chip,
+            "backend": backend,
+            "mlx_version": "0.32.4",
+            "os": "macOS 15.1",
+            "kernel_hash": spec.version,
+        },
+        "trials": trials,
+        "best_config_key": best,
+        "golden": {
+            "digest": "a" * 64,
+            "stats": {"mean": 0, "std": 1, "min": -1, "max": 1, "abs_mean": 0.5},
+            "sample": [0.0],
+            "stride": 1,
+            "numel": rows * cols,
+        },
+    }
+
+
+def post_through_leases(
+    coordinator: Any,
+    chip: str,
+    backend: str,
+    shapes: list[str],
+    rng: np.random.Generator,
+    best_factor: float = 0.5,
+) -> None:
+    """Enroll a worker for ``chip``, create a campaign for ``shapes``, lease every job and post its report."""
+    with coordinator.admin() as admin:
+        enroll = admin.post("/enroll-tokens", json={}).json()["token"]
+        r = admin.post(
+            "/campaigns",
+            json={
+                "name": f"tune {chip}",
+                "kernels": ["rmsnorm"],
+                "shapes": shapes,
+                "dtypes": ["float16"],
+                "target_chip": chip,
+            },
+        )
+        assert r.status_code == 201, r.text
+    with coordinator.client() as anon:
+        w = anon.post(
+            "/workers/enroll",
+            json={
+                "enrollment_token": enroll,
+                "name": chip,
+                "chip": chip,
+                "backend": backend,
+                "os": "macOS 15.1",
+                "mlx_version": "0.32.4",
+            },
+        )
+        assert w.status_code == 201, w.text
+    with coordinator.client(w.json()["token"]) as worker:
+        for _ in shapes:
+            lease = worker.post("/leases", json={})
+            assert lease.status_code == 200, lease.text
+            job = lease.json()
+            body = {
+                "lease_token": job["lease_token"],
+                "report": report(chip, backend, job["shape"], best_factor, rng),
+            }
+            assert worker.post(f"/jobs/{job['job_id']}/result", json=body).status_code == 201
+        assert worker.post("/leases", json={}).status_code == 204
+
+
+@pytest.fixture
+def dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    env = {"KERNELFLEET_PROFILE_DIR": str(tmp_path / "profiles"), "ZMLX_CACHE_DIR": str(tmp_path / "zmlx")}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return env
+
+
+def test_pull_installs_profile_and_zmlx_reads_it(
+    coordinator: Any, dirs: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = np.random.default_rng(0)
+    post_through_leases(coordinator, M3_MAX, "metal", ["4096x4096", "1024x4096"], rng)
+    post_through_leases(coordinator, "Apple M3 Pro", "metal", ["2048x4096"], rng)  # never tuned on the Max
+    cache = Path(dirs["ZMLX_CACHE_DIR"]) / "autotune_v3.json"
+    cache.parent.mkdir(parents=True)
+    other = {
+        "M1_0.30.0": {
+            "metadata": {"family": "M1"},
+            "entries": {"k": {"tg": [64, 1, 1], "template": []}},
+            "saved_at": "2025-01-01T00:00:00",
+        }
+    }
+    cache.write_text(json.dumps({"schema_version": "3.0", "devices": other}))
+
+    done = kf("pull", "--coordinator", coordinator.url, "--chip", M3_MAX, "--mlx-version", "0.32.4", env=dirs)
+    assert done.returncode == 0, done.stderr
+    assert "M3_Max_0.32.4" in done.stdout
+
+    # KernelFleet's own profile file: tuned entries and the predicted one, read by lookup()
+    body = json.loads(profile_file.profile_path(M3_MAX).read_text())
+    assert body["schema"] == profile_file.SCHEMA and body["chip"] == M3_MAX and body["version"] == 1
+    tuned_shapes = sorted(e["shape"] for e in body["entries"] if not e["predicted"])
+    predicted_shapes = sorted(e["shape"] for e in body["entries"] if e["predicted"])
+    assert tuned_shapes == ["1024x4096", "4096x4096"]
+    # the M3 Pro's shape and the catalog's standard shapes the Max never ran
+    assert "2048x4096" in predicted_shapes and "32x4096" in predicted_shapes
+    assert f"{len(body['entries'])} entries ({len(predicted_shapes)} predicted)" in done.stdout
+    configs = get_spec("rmsnorm").space((4096, 4096), "float16")
+    expected_best = config_key(configs[len(configs) // 2])
+    tuned = profile_file.lookup("rmsnorm", "4096x4096", "float16", M3_MAX)
+    assert tuned is not None and tuned["predicted"] is False and tuned["config_key"] == expected_best
+    assert tuned["speedup"] == pytest.approx(150.0 / tuned["median_us"])
+    predicted = profile_file.lookup("rmsnorm", "2048x4096", "float16", M3_MAX)
+    assert predicted is not None and predicted["predicted"] is True
+    assert predicted["config_key"] == expected_best  # what the nearby shapes and the M3 Pro agree on
+
+    # zmlx's cache: other devices kept, and the real zmlx loader finds every entry for the device key
+    data = json.loads(cache.read_text())
+    assert data["schema_version"] == "3.0" and data["devices"]["M1_0.30.0"] == other["M1_0.30.0"]
+    ours = data["devices"]["M3_Max_0.32.4"]
+    customs = [e for e in body["entries"] if e["config_key"] != "builtin"]
+    assert len(ours["entries"]) == len(customs) >= 4 and ours["metadata"]["chip"] == M3_MAX
+
+    import zmlx.autotune as za
+    import zmlx.device as zd
+
+    # zmlx detects the device through sysctl on macOS; on this Linux host, answer as an M3 Max would
+    monkeypatch.setattr(
+        zd,
+        "detect_device",
+        lambda: zd.DeviceProfile(
+            family="M3",
+            variant="Max",
+            gpu_cores=40,
+            max_threadgroup_size=1024,
+            simd_width=32,
+            has_ray_tracing=True,
+            memory_gb=64,
+        ),
+    )
+    za.GLOBAL_AUTOTUNE_CACHE.clear()
+    assert za._device_cache_key() == "M3_Max_0.32.4"
+    assert za.load_autotune_cache() == len(ours["entries"])
+    assert len(za.GLOBAL_AUTOTUNE_CACHE) == len(customs)
+    tg = int(tuned["config"]["tg"])
+    key = next(k for k in za.GLOBAL_AUTOTUNE_CACHE if k.input_shapes == ((4096, 4096), (4096,)))
+    assert za.GLOBAL_AUTOTUNE_CACHE[key].threadgroup == (tg, 1, 1)
+    assert key.input_dtypes == ("mlx.core.float16", "mlx.core.float16") and key.kernel_name.startswith(
+        "kf_rmsnorm"
+    )
+
+    # pulling again: the coordinator answers 304 to the installed ETag
+    again = kf(
+        "pull", "--coordinator", coordinator.url, "--chip", M3_MAX, "--mlx-version", "0.32.4", env=dirs
+    )
+    assert again.returncode == 0, again.stderr
+    assert "version 1 unchanged" in again.stdout
+
+
+def test_pull_auto_feeds_the_kernels_runtime(coordinator: Any, dirs: dict[str, str]) -> None:
+    from kernelfleet.kernels import runtime
+    from kernelfleet.worker.chip import detect_chip
+
+    chip = detect_chip().name
+    rng = np.random.default_rng(1)
+    post_through_leases(coordinator, chip, "cpu", ["4096x4096", "1024x4096"], rng)
+    done = kf("pull", "--coordinator", coordinator.url, env=dirs)
+    assert done.returncode == 0, done.stderr
+    assert "zmlx cache: skipped" in done.stdout and "not an Apple chip" in done.stdout
+    runtime.clear_caches()
+    configs = get_spec("rmsnorm").space((4096, 4096), "float16")
+    assert runtime.choose_config("rmsnorm", (4096, 4096), "float16") == configs[len(configs) // 2]
+    # 32x4096 (a catalog decode shape) was never tuned: the profile's predicted entry is used
+    entry = profile_file.lookup("rmsnorm", "32x4096", "float16", chip)
+    assert entry is not None and entry["predicted"] is True
+    assert entry["basis"][0]["shape"] == "1024x4096"  # the nearest tuned shape weighs most
+    assert runtime.choose_config("rmsnorm", (32, 4096), "float16") == entry["config"]
+
+
+def test_unreachable_coordinator_leaves_files_untouched(dirs: dict[str, str]) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    profile = profile_file.profile_path(M3_MAX)
+    profile.parent.mkdir(parents=True)
+    profile.write_text(
+        json.dumps(
+            {
+                "schema": profile_file.SCHEMA,
+                "chip": M3_MAX,
+                "mlx_version": None,
+                "version": 3,
+                "etag": "e",
+                "entries": [],
+            }
+        )
+    )
+    cache = Path(dirs["ZMLX_CACHE_DIR"]) / "autotune_v3.json"
+    cache.parent.mkdir(parents=True)
+    cache.write_text(json.dumps({"schema_version": "3.0", "devices": {}}))
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (profile, cache)}
+    done = kf("pull", "--coordinator", f"http://127.0.0.1:{port}", "--chip", M3_MAX, env=dirs)
+    assert done.returncode == 1
+    assert (
+        "cannot reach the coordinator at http://127.0.0.1:" in done.stderr and "Traceback" not in done.stderr
+    )
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (profile, cache)} == before
+    assert sorted(x.name for x in cache.parent.iterdir()) == ["autotune_v3.json"]
+
+
+def test_corrupt_zmlx_cache_is_kept_as_backup(coordinator: Any, dirs: dict[str, str]) -> None:
+    rng = np.random.default_rng(2)
+    post_through_leases(coordinator, M3_MAX, "metal", ["4096x4096"], rng)
+    cache = Path(dirs["ZMLX_CACHE_DIR"]) / "autotune_v3.json"
+    cache.parent.mkdir(parents=True)
+    cache.write_text('{"schema_version": "3.0", "devices": {truncated')
+    done = kf("pull", "--coordinator", coordinator.url, "--chip", M3_MAX, "--mlx-version", "0.32.4", env=dirs)
+    assert done.returncode == 0, done.stderr
+    [backup] = list(cache.parent.glob("autotune_v3.json.corrupt-*"))
+    assert backup.read_text() == '{"schema_version": "3.0", "devices": {truncated'
+    assert "kept it as" in done.stderr
+    data = json.loads(cache.read_text())
+    assert list(data["devices"]) == ["M3_Max_0.32.4"]
+    entries = data["devices"]["M3_Max_0.32.4"]["entries"]
+    assert any(json.loads(k)["shapes"] == [[4096, 4096], [4096]] for k in entries)
+
+
+def test_unknown_chip_gets_a_clear_error(coordinator: Any, dirs: dict[str, str]) -> None:
+    done = kf("pull", "--coordinator", coordinator.url, "--chip", "Apple M9 Ultra", env=dirs)
+    assert done.returncode == 1
+    assert "no profile for chip 'Apple M9 Ultra'" in done.stderr and "Traceback" not in done.stderr
+    assert not Path(dirs["KERNELFLEET_PROFILE_DIR"]).exists()
+    with httpx.Client() as c:
+        assert c.get(coordinator.url + "/api/v1/profiles").json() == []

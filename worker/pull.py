@@ -1,0 +1,197 @@
+"""``kernelfleet pull``: fetch this chip's learned profile from the coordinator and install it as
+KernelFleet's own profile file and as a merge into zmlx's autotune cache.
+
+Nothing is written until the coordinator has answered with a valid profile, so an unreachable
+coordinator or a bad answer leaves every existing file as it was. Both files are replaced
+atomically. ``If-None-Match`` with the installed profile's ETag makes an unchanged profile a 304.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+from kernelfleet.kernels import profile_file
+from kernelfleet.worker import zmlx_cache
+
+DEFAULT_COORDINATOR = "http://127.0.0.1:8600"
+
+
+class PullError(Exception):
+    """A pull that could not be done; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Target:
+    chip: str
+    family: str | None  # Apple silicon family ("M3"), None for other chips
+    variant: str | None
+    mlx_version: str  # the zmlx device key's MLX version
+
+
+@dataclass
+class PullResult:
+    target: Target
+    profile_path: str
+    version: int
+    etag: str
+    entries: int
+    predicted: int
+    unchanged: bool
+    zmlx: zmlx_cache.MergeResult | None
+    zmlx_skipped: str | None
+
+
+def resolve_target(chip: str = "auto", mlx_version: str | None = None) -> Target:
+    """``auto``: this machine's chip (worker.chip.detect_chip); a name: that chip, its Apple family
+    and variant parsed from the name. The MLX version defaults to the installed one."""
+    if chip == "auto":
+        from kernelfleet.worker.chip import detect_chip
+
+        info = detect_chip()
+        return Target(info.name, info.family, info.variant, mlx_version or info.mlx_version)
+    from kernelfleet.worker.chip import parse_apple_chip
+
+    name = chip.strip()
+    if not name:
+        raise PullError("--chip needs a chip name such as 'Apple M3 Max', or 'auto'")
+    family: str | None = None
+    variant: str | None = None
+    if name.lower().startswith("apple"):
+        name, family, variant = parse_apple_chip(name)
+    if mlx_version is None:
+        import mlx.core as mx
+
+        mlx_version = str(getattr(mx, "__version__", "unknown"))
+    return Target(name, family, variant, mlx_version)
+
+
+def fetch_profile(
+    coordinator: str,
+    chip: str,
+    mlx_version: str | None,
+    token: str | None,
+    etag: str | None,
+    timeout: float = 30.0,
+) -> dict[str, Any] | None:
+    """The profile body, or None when the coordinator answers 304 (``etag`` is current)."""
+    url = coordinator.rstrip("/") + "/api/v1/profiles/" + quote(chip, safe="")
+    headers = {"Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    if etag:
+        headers["If-None-Match"] = f'"{etag}"'
+    params = {"mlx_version": mlx_version} if mlx_version else {}
+    try:
+        r = httpx.get(url, params=params, headers=headers, timeout=timeout)
+    except httpx.HTTPError as e:
+        raise PullError(
+            f"cannot reach the coordinator at {coordinator}: {e}; check --coordinator "
+            f"(or KERNELFLEET_COORDINATOR) and that `kernelfleet serve` is running there"
+        ) from e
+    if r.status_code == 304:
+        return None
+    if r.status_code != 200:
+        try:
+            detail = r.json().get("detail", r.text)
+        except ValueError:
+            detail = r.text[:300]
+        hint = " (pass --token or set KERNELFLEET_TOKEN)" if r.status_code in (401, 403) else ""
+        raise PullError(
+            f"the coordinator refused the profile for {chip!r}: HTTP {r.status_code}: {detail}{hint}"
+        )
+    try:
+        body = r.json()
+    except ValueError as e:
+        raise PullError(
+            f"the coordinator at {coordinator} answered with something that is not JSON; "
+            f"is that URL a KernelFleet coordinator?"
+        ) from e
+    if not isinstance(body, dict) or body.get("schema") != profile_file.SCHEMA:
+        raise PullError(
+            f"the coordinator at {coordinator} sent an unknown profile format "
+            f"({body.get('schema') if isinstance(body, dict) else type(body).__name__})"
+        )
+    return body
+
+
+def pull(
+    coordinator: str = DEFAULT_COORDINATOR,
+    chip: str = "auto",
+    mlx_version: str | None = None,
+    *,
+    token: str | None = None,
+    zmlx: bool = True,
+    progress: Callable[[Iterable[dict[str, Any]]], Iterable[dict[str, Any]]] = lambda it: it,
+) -> PullResult:
+    target = resolve_target(chip, mlx_version)
+    installed = profile_file.read(target.chip)
+    same = installed is not None and installed.get("mlx_version") == mlx_version
+    body = fetch_profile(
+        coordinator,
+        target.chip,
+        mlx_version,
+        token,
+        str(installed.get("etag")) if same and installed else None,
+    )
+    unchanged = body is None
+    if body is None:
+        assert installed is not None
+        body = installed
+    if body.get("chip") != target.chip:
+        raise PullError(f"the coordinator sent the profile of {body.get('chip')!r}, not {target.chip!r}")
+    try:
+        path = profile_file.profile_path(target.chip) if unchanged else profile_file.write(body)
+    except (OSError, profile_file.ProfileFileError) as e:
+        raise PullError(f"cannot write the profile file: {e}") from e
+    entries = body.get("entries", [])
+    merged: zmlx_cache.MergeResult | None = None
+    skipped: str | None = None
+    if not zmlx:
+        skipped = "--no-zmlx"
+    elif target.family is None:
+        skipped = f"zmlx keys devices by Apple-silicon family; {target.chip!r} is not an Apple chip"
+    else:
+        key = zmlx_cache.device_key(target.family, target.variant, target.mlx_version)
+        meta = {
+            "family": target.family,
+            "variant": target.variant or "",
+            "source": "kernelfleet",
+            "chip": target.chip,
+            "profile_version": body.get("version"),
+            "profile_etag": body.get("etag"),
+        }
+        try:
+            merged = zmlx_cache.merge(body, key, meta, progress=progress)
+        except (OSError, zmlx_cache.ZmlxCacheError) as e:
+            raise PullError(
+                f"profile installed at {path}, but the zmlx cache could not be written: {e}"
+            ) from e
+    return PullResult(
+        target=target,
+        profile_path=str(path),
+        version=int(body.get("version") or 0),
+        etag=str(body.get("etag") or ""),
+        entries=len(entries),
+        predicted=sum(1 for e in entries if e.get("predicted")),
+        unchanged=unchanged,
+        zmlx=merged,
+        zmlx_skipped=skipped,
+    )
+
+
+def describe(result: PullResult) -> str:
+    return json.dumps(
+        {
+            "chip": result.target.chip,
+            "profile": result.profile_path,
+            "version": result.version,
+            "entries": result.entries,
+            "predicted": result.predicted,
+            "unchanged": result.unchanged,
+        }
+    )

@@ -1,0 +1,180 @@
+"""Merging a KernelFleet profile into zmlx's autotune cache (``autotune_v3.json``, schema "3.0").
+
+What zmlx 0.10 does (``zmlx/autotune.py``, ``zmlx/device.py``), and so what this module writes:
+
+- the file is ``$ZMLX_CACHE_DIR/autotune_v3.json``, else ``~/.cache/zmlx/autotune_v3.json``;
+- ``{"schema_version": "3.0", "devices": {<device key>: {"metadata": {...}, "entries": {...},
+  "saved_at": "YYYY-MM-DDTHH:MM:SS"}}}``;
+- the device key is ``f"{family}_{variant}".rstrip("_") + "_" + mlx_version``: ``M3_Max_0.32.4``,
+  ``M3_0.32.4`` for a base chip;
+- an entry's key is ``json.dumps({"name", "shapes", "dtypes", "grid", "t_params"})`` of the kernel
+  launch (kernel name, input shapes, ``str(dtype)`` of each input such as ``mlx.core.float16``,
+  the grid, ``[["tuning", "templates"]]`` when the template was tuned), its value
+  ``{"tg": [x, y, z], "template": [[name, value], ...]}``.
+
+KernelFleet's entries come from the exact launch a config makes (``kernels.launch.capture``, which
+renders without running, so it works on any machine): kernel name, input shapes and dtypes, grid,
+threadgroup and template. A dtype template value is written as its name (``"float16"``), the only
+JSON form it has. Built-in entries have no launch and are not written. Other devices' entries,
+and this device's entries for other keys, are kept. A file that is not valid schema-3.0 JSON is
+kept as ``autotune_v3.json.corrupt-<UTC timestamp>`` and a new one is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernelfleet.kernels.profile_file import atomic_write_text
+
+SCHEMA_VERSION = "3.0"
+FILE_NAME = "autotune_v3.json"
+
+
+class ZmlxCacheError(Exception):
+    """The zmlx cache could not be written."""
+
+
+def cache_path() -> Path:
+    """Where zmlx reads its autotune cache: ``$ZMLX_CACHE_DIR`` or ``~/.cache/zmlx``."""
+    base = os.environ.get("ZMLX_CACHE_DIR")
+    return Path(base if base is not None else Path.home() / ".cache" / "zmlx") / FILE_NAME
+
+
+def device_key(family: str, variant: str | None, mlx_version: str) -> str:
+    """zmlx's device key: ``M3_Max_0.32.4``, ``M3_0.32.4`` for a base chip."""
+    return f"{family}_{variant or ''}".rstrip("_") + f"_{mlx_version}"
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, bool | int | float | str):
+        return value
+    from kernelfleet.kernels.common import dtype_name
+
+    return dtype_name(value)
+
+
+def launch_entries(kernel: str, shape: str, dtype: str, config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The zmlx cache entries (key string -> value) of the launches ``config`` makes at ``shape``."""
+    import importlib
+
+    from kernelfleet.kernels.launch import capture
+    from kernelfleet.kernels.spec import parse_shape
+
+    module = importlib.import_module(f"kernelfleet.kernels.{kernel}_kernel")
+    dims = parse_shape(shape)
+    fn = module.make(config, "metal", dims, dtype)
+    inputs = module.SPEC.make_inputs(dims, dtype, 0)
+    with capture() as records:
+        fn(inputs)
+    out: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        key = json.dumps(
+            {
+                "name": rec.rendered.name,
+                "shapes": [list(s) for s in rec.input_shapes],
+                "dtypes": [str(d) for d in rec.input_dtypes],
+                "grid": list(rec.launch.grid),
+                "t_params": [["tuning", "templates"]],
+            }
+        )
+        out[key] = {
+            "tg": list(rec.launch.threadgroup),
+            "template": [[name, _plain(value)] for name, value in rec.launch.template],
+        }
+    return out
+
+
+@dataclass
+class MergeResult:
+    path: Path
+    device_key: str
+    written: int  # entries written for this device key
+    skipped: list[str] = field(default_factory=list)  # "kernel shape dtype: why"
+    backup: Path | None = None  # where an unreadable old file was kept
+    kept_devices: int = 0  # other devices' sections left as they were
+
+
+def _load_existing(path: Path) -> tuple[dict[str, Any], Path | None]:
+    """The current cache, or a fresh one (after moving an unreadable file aside)."""
+    fresh: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "devices": {}}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return fresh, None
+    except OSError as e:
+        raise ZmlxCacheError(f"cannot read the zmlx cache {path}: {e}") from e
+    try:
+        data = json.loads(text)
+        valid = (
+            isinstance(data, dict)
+            and data.get("schema_version") == SCHEMA_VERSION
+            and isinstance(data.get("devices"), dict)
+            and all(
+                isinstance(d, dict) and isinstance(d.get("entries", {}), dict)
+                for d in data["devices"].values()
+            )
+        )
+    except ValueError:
+        valid = False
+    if valid:
+        return data, None
+    backup = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+    n = 1
+    while backup.exists():
+        backup = backup.with_name(f"{backup.name.split('~')[0]}~{n}")
+        n += 1
+    os.replace(path, backup)
+    return fresh, backup
+
+
+def merge(
+    profile: dict[str, Any],
+    key: str,
+    metadata: dict[str, Any],
+    *,
+    path: Path | None = None,
+    entries_of: Callable[[str, str, str, dict[str, Any]], dict[str, dict[str, Any]]] = launch_entries,
+    progress: Callable[[Iterable[dict[str, Any]]], Iterable[dict[str, Any]]] = lambda it: it,
+) -> MergeResult:
+    """Write ``profile``'s custom-config entries under device ``key``, keeping everything else."""
+    target = path or cache_path()
+    entries: dict[str, dict[str, Any]] = {}
+    skipped: list[str] = []
+    for e in progress(profile.get("entries", [])):
+        config = e.get("config") or {}
+        if config == {"variant": "builtin"}:
+            continue
+        try:
+            entries.update(entries_of(e["kernel"], e["shape"], e["dtype"], dict(config)))
+        except Exception as exc:  # an entry the local catalog cannot render: report it, keep going
+            skipped.append(f"{e.get('kernel')} {e.get('shape')} {e.get('dtype')}: {exc}")
+    data, backup = _load_existing(target)
+    devices: dict[str, Any] = data["devices"]
+    section = devices.get(key) if isinstance(devices.get(key), dict) else {}
+    assert section is not None
+    merged = dict(section.get("entries") or {})
+    merged.update(entries)
+    devices[key] = {
+        "metadata": {**(section.get("metadata") or {}), **metadata},
+        "entries": merged,
+        "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    data["schema_version"] = SCHEMA_VERSION
+    try:
+        atomic_write_text(target, json.dumps(data, indent=2) + "\n")
+    except OSError as e:
+        raise ZmlxCacheError(f"cannot write the zmlx cache {target}: {e}") from e
+    return MergeResult(
+        path=target,
+        device_key=key,
+        written=len(entries),
+        skipped=skipped,
+        backup=backup,
+        kept_devices=len(devices) - 1,
+    )
