@@ -84,11 +84,11 @@ def _chunks(rows: list[dict[str, Any]], n: int = BATCH) -> Iterator[list[dict[st
         yield rows[i : i + n]
 
 
-def generate(engine: Engine, runs: int, trials_per_run: int, seed: int = 0) -> dict[str, Any]:
+def generate(engine: Engine, runs: int, trials_per_run: int, seed: int = 0, days: int = 90) -> dict[str, Any]:
     """Insert the whole history; returns ids the page list needs."""
     rng = random.Random(seed)
-    t0 = datetime.now(UTC) - timedelta(days=90)
-    step = timedelta(days=90) / runs
+    t0 = datetime.now(UTC) - timedelta(days=days)
+    step = timedelta(days=days) / runs
     with engine.begin() as conn:
         workers = []
         for ci, (chip, backend, os_name, _) in enumerate(CHIPS):

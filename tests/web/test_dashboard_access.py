@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -25,7 +26,7 @@ EMPTY = {
     "/kernels": "kernelfleet admin campaign create",
     "/compare": "Nothing to compare yet",
     "/regressions": "No regressions detected",
-    "/campaigns": "kernelfleet admin campaign create --name first",
+    "/campaigns": "kernelfleet admin campaign create --name first --kernel rmsnorm",
     "/profiles": "No profiles yet",
 }
 
@@ -97,3 +98,19 @@ def test_worker_status_follows_the_last_heartbeat(browser: Any, coordinator_fact
     assert status == {"quiet": "offline", "busy": "online"}
     assert page.errors == []
     page.page.close()
+
+
+def test_names_are_escaped_not_run(browser: Any, coordinator: Any) -> None:
+    hostile = '<img src=x onerror="window.pwned=1">'
+    with coordinator.admin() as admin:
+        enroll = admin.post("/enroll-tokens", json={}).json()["token"]
+    with coordinator.client() as anon:
+        body = {"enrollment_token": enroll, "name": hostile, "chip": "<script>window.pwned=2</script>",
+                "backend": "metal"}
+        assert anon.post("/workers/enroll", json=body).status_code == 201
+    for path in ("/", "/chips", "/chips/" + quote("<script>window.pwned=2</script>", safe="")):
+        page = open_page(browser, coordinator.url + path)
+        assert page.status == 200, path
+        assert page.page.evaluate("() => window.pwned") is None, path
+        assert "<script>window.pwned=2</script>" in page.text(), path
+        page.page.close()
