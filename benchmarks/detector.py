@@ -51,7 +51,6 @@ HISTORY = 20  # settings.regression_history_runs
 MIN_EFFECT = 0.03  # settings.regression_min_effect
 MIN_HISTORY = 5
 COVER = 10  # an offline finding within this many runs of an alert is the same change
-debug: list = []
 OUT = Path(__file__).parent / "results" / "detector.txt"
 
 
@@ -205,7 +204,6 @@ def ours_combined(s: Series, rng: np.random.Generator) -> Outcome:
         if all(abs(f.index - t) > COVER for t in out.alerts):
             out.alerts.append(f.index)
             out.causes[f.index] = attribute([s.runs[i] for i in f.baseline_indices], s.runs[f.index])
-            debug.append((s.kind, s.change, f.index, list(out.alerts)))
     out.alerts.sort()
     return out
 

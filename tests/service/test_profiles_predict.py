@@ -1,0 +1,43 @@
+"""Learned predictions (service/predict.py) on synthetic observations."""
+
+from __future__ import annotations
+
+import pytest
+from kernelfleet.service.predict import chip_similarity, predict, shape_distance
+
+K = "rmsnorm"
+
+
+def test_nearby_shapes_on_the_same_chip_decide() -> None:
+    obs = {
+        "A": {
+            (K, "4096x4096", "float16"): {"a": 10.0, "b": 12.0, "builtin": 15.0},
+            (K, "1024x4096", "float16"): {"a": 3.0, "b": 3.5, "builtin": 4.0},
+            (K, "16x128", "float16"): {"a": 2.0, "b": 1.0, "builtin": 1.5},
+        }
+    }
+    p = predict("A", K, "2048x4096", "float16", obs)
+    assert p is not None and p.config_key == "a"
+    # expected time scales with the element count of the sources (weighted), speedup vs the built-in
+    # (1024x4096: 3.0 x 2, 4096x4096: 10.0 / 2, equal weights; 16x128 is too far to count)
+    assert p.median_us == pytest.approx(5.5) and p.speedup == pytest.approx((0.5 * 8 + 0.5 * 7.5) / 5.5)
+    assert p.basis[0]["shape"] in ("1024x4096", "4096x4096")
+    # the tuned shape itself is not predicted from itself; an invalid config is never proposed
+    assert predict("A", K, "4096x4096", "float16", obs).config_key == "a"  # type: ignore[union-attr]
+    assert predict("A", K, "2048x4096", "float16", obs, valid=lambda k: k != "a").config_key == "b"  # type: ignore[union-attr]
+    assert predict("A", "softmax", "2048x4096", "float16", obs) is None
+    assert predict("A", K, "2048x4096x2", "float16", obs) is None  # no source of that rank
+
+
+def test_similar_chips_count_by_how_well_their_choices_do() -> None:
+    agree = {(K, f"{n}x4096", "float16"): {"a": 1.0 * n, "b": 1.3 * n} for n in (256, 1024)}
+    disagree = {(K, f"{n}x4096", "float16"): {"a": 1.4 * n, "b": 1.0 * n} for n in (256, 1024)}
+    obs = {"A": agree, "Twin": dict(agree), "Other": disagree}
+    assert chip_similarity("A", "Twin", obs) > 0.7 > 0.01 > chip_similarity("A", "Other", obs)
+    obs["Twin"][(K, "8192x4096", "float16")] = {"a": 9.0, "b": 11.0}
+    obs["Other"][(K, "8192x4096", "float16")] = {"a": 11.0, "b": 9.0}
+    p = predict("A", K, "8192x4096", "float16", obs)
+    assert p is not None and p.config_key == "a"
+    # with no shared measurements, names give a small prior
+    assert 0 < chip_similarity("Apple M3 Max", "Apple M3 Pro", {}) < chip_similarity("A", "A", {}) == 1.0
+    assert shape_distance("1x4096", "1x4096") == 0.0 and shape_distance("1x2", "1x2x3") is None
