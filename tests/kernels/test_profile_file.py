@@ -37,8 +37,8 @@ def test_write_read_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     chip = "Apple M3 Max"
     assert profile_file.lookup("rmsnorm", "4096x4096", "float16", chip) is None
     path = profile_file.write(body(chip, "tg=256"))
-    assert path == tmp_path / "Apple_M3_Max.json" and profile_file.read(chip)["version"] == 1  # type: ignore[index]
-    assert profile_file.lookup("rmsnorm", "4096x4096", "float16", chip)["config"] == {"tg": 256}  # type: ignore[index]
+    assert path == tmp_path / "Apple_M3_Max.json" and profile_file.read(chip)["version"] == 1
+    assert profile_file.lookup("rmsnorm", "4096x4096", "float16", chip)["config"] == {"tg": 256}
     assert profile_file.lookup("rmsnorm", "1x4096", "float16", chip) is None
     # a new version replaces the file atomically; lookup sees it (no stale cache) and no temp file is left
     profile_file.write(body(chip, "tg=512", version=2))

@@ -23,8 +23,8 @@ def test_nearby_shapes_on_the_same_chip_decide() -> None:
     assert p.median_us == pytest.approx(5.5) and p.speedup == pytest.approx((0.5 * 8 + 0.5 * 7.5) / 5.5)
     assert p.basis[0]["shape"] in ("1024x4096", "4096x4096")
     # the tuned shape itself is not predicted from itself; an invalid config is never proposed
-    assert predict("A", K, "4096x4096", "float16", obs).config_key == "a"  # type: ignore[union-attr]
-    assert predict("A", K, "2048x4096", "float16", obs, valid=lambda k: k != "a").config_key == "b"  # type: ignore[union-attr]
+    assert predict("A", K, "4096x4096", "float16", obs).config_key == "a"
+    assert predict("A", K, "2048x4096", "float16", obs, valid=lambda k: k != "a").config_key == "b"
     assert predict("A", "softmax", "2048x4096", "float16", obs) is None
     assert predict("A", K, "2048x4096x2", "float16", obs) is None  # no source of that rank
 
