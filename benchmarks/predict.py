@@ -1,0 +1,156 @@
+"""Learned predictions on held-out shapes, on real tuning data measured on a GPU.
+
+    python benchmarks/predict.py [benchmarks/results/h100_tuning.jsonl]   # -> benchmarks/results/predict.txt
+
+Input: tuning reports (one JSON per line, as ``kernelfleet tune --out`` writes them). For every
+(chip, kernel, shape, dtype) in the file, that shape is held out: its reports are removed and the
+coordinator's predictor (``kernelfleet.service.predict.predict``, the code that fills profiles)
+picks a config from everything else (the chip's other shapes and dtypes of that kernel, other
+chips if the file has them), restricted to the configs the kernel's space allows at that shape.
+The pick is then scored on the held-out shape's own trials: its measured median against the
+tuned best of that shape (the best correct trial, built-in included). A pick the held-out run did
+not measure counts as a miss. Exhaustive runs measure every candidate, so every pick can be scored.
+
+Baselines on the same held-out shapes: the kernel's default config (what the runtime runs without
+a profile) and the MLX built-in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from kernelfleet.service.predict import ChipTable, predict
+from kernelfleet.service.profiles import _validator
+
+RESULTS = Path(__file__).parent / "results"
+Key = tuple[str, str, str, str]  # chip, kernel, shape, dtype
+
+
+def load(path: Path) -> tuple[dict[Key, dict[str, float]], dict[Key, str]]:
+    """Median time per config per (chip, kernel, shape, dtype) over the file's correct trials."""
+    samples: dict[Key, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    strategies: dict[Key, str] = {}
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        key = (r["env"]["chip"], r["kernel"], r["shape"], r["dtype"])
+        strategies[key] = r.get("strategy", "")
+        for t in r["trials"]:
+            if t["status"] == "ok" and t.get("median_us"):
+                samples[key][t["config_key"]].append(float(t["median_us"]))
+    times = {k: {c: statistics.median(v) for c, v in configs.items()} for k, configs in samples.items()}
+    return times, strategies
+
+
+def default_key(kernel: str, shape: str, dtype: str) -> str | None:
+    try:
+        from kernelfleet.kernels.catalog import get_spec
+        from kernelfleet.kernels.spec import config_key, parse_shape
+
+        return config_key(get_spec(kernel).default_config(parse_shape(shape), dtype))
+    except Exception:
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("data", nargs="?", type=Path, default=RESULTS / "h100_tuning.jsonl")
+    parser.add_argument("--out", type=Path, default=RESULTS / "predict.txt")
+    parser.add_argument("--tolerance", type=float, default=0.05)
+    args = parser.parse_args(argv)
+    if not args.data.exists():
+        print(
+            f"no tuning data at {args.data}: run `kernelfleet tune ... --strategy exhaustive "
+            f"--out {args.data}` on a GPU first",
+            file=sys.stderr,
+        )
+        return 2
+    times, strategies = load(args.data)
+    observations: dict[str, ChipTable] = defaultdict(dict)
+    for (chip, kernel, shape, dtype), configs in times.items():
+        observations[chip][(kernel, shape, dtype)] = configs
+
+    rows: list[dict[str, Any]] = []
+    for key, configs in sorted(times.items()):
+        chip, kernel, shape, dtype = key
+        best = min(configs.values())
+        guess = predict(
+            chip, kernel, shape, dtype, observations, valid=_validator(kernel, shape, dtype), exclude={key}
+        )
+        row: dict[str, Any] = {
+            "key": key,
+            "strategy": strategies[key],
+            "best": best,
+            "best_key": min(configs, key=configs.__getitem__),
+            "n_configs": len(configs),
+        }
+        if guess is None:
+            row["pick"] = None
+        else:
+            row["pick"] = guess.config_key
+            row["ratio"] = configs[guess.config_key] / best if guess.config_key in configs else None
+        dk = default_key(kernel, shape, dtype)
+        row["default_ratio"] = configs[dk] / best if dk in configs else None
+        row["builtin_ratio"] = configs["builtin"] / best if "builtin" in configs else None
+        rows.append(row)
+
+    tol = 1 + args.tolerance
+
+    def within(ratios: list[float | None]) -> str:
+        hits = sum(1 for r in ratios if r is not None and r <= tol)
+        return f"{hits}/{len(ratios)} = {hits / len(ratios):.1%}" if ratios else "-"
+
+    chips = sorted({r["key"][0] for r in rows})
+    lines = [
+        "Learned predictions on held-out shapes (benchmarks/predict.py)",
+        f"data: {args.data.name}; chips: {', '.join(chips)}; {len(rows)} (kernel, shape, dtype) "
+        f"held out one at a time; strategies: {dict(sorted(_count(r['strategy'] for r in rows).items()))}",
+        f"score: the pick's measured median on the held-out shape within {args.tolerance:.0%} of that "
+        "shape's tuned best (an unmeasured pick is a miss)",
+        "",
+        f"predicted config  within {args.tolerance:.0%}: "
+        f"{within([r.get('ratio') for r in rows if r['pick']])}"
+        f"  (no prediction possible: {sum(1 for r in rows if r['pick'] is None)})",
+        f"kernel default    within {args.tolerance:.0%}: {within([r['default_ratio'] for r in rows])}",
+        f"MLX built-in      within {args.tolerance:.0%}: {within([r['builtin_ratio'] for r in rows])}",
+        "",
+        "per kernel                 predicted        default          built-in    "
+        "median slowdown of the pick",
+    ]
+    for kernel in sorted({r["key"][1] for r in rows}):
+        sub = [r for r in rows if r["key"][1] == kernel]
+        picked = [r.get("ratio") for r in sub if r["pick"]]
+        slow = [r for r in picked if r is not None]
+        lines.append(
+            f"  {kernel:22s} {within(picked):>14s}  {within([r['default_ratio'] for r in sub]):>14s}  "
+            f"{within([r['builtin_ratio'] for r in sub]):>14s}    "
+            f"{(statistics.median(slow) - 1) * 100 if slow else float('nan'):+.1f}%"
+        )
+    misses = [r for r in rows if r["pick"] and (r.get("ratio") is None or r["ratio"] > tol)]
+    lines += ["", f"misses ({len(misses)}):"]
+    for r in misses:
+        ratio = "not measured" if r.get("ratio") is None else f"{(r['ratio'] - 1) * 100:+.1f}%"
+        lines.append(f"  {' '.join(r['key'][1:])}: picked {r['pick']} ({ratio}), best {r['best_key']}")
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    return 0
+
+
+def _count(items: Any) -> dict[str, int]:
+    out: dict[str, int] = defaultdict(int)
+    for i in items:
+        out[i] += 1
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
