@@ -53,7 +53,7 @@ def chip_page(
         where.append(Result.dtype == dtype)
     if mlx:
         where.append(Result.mlx_version == mlx)
-    summary = latest_runs(session, *where)
+    summary = latest_runs(session, *where, Result.kernel == selected) if selected else []
     charts = []
     if selected is not None:
         extra = [c for c in where[1:]]

@@ -15,7 +15,7 @@ from typing import Any
 
 from kernelfleet.service.models import Result
 from kernelfleet.web.figures import RunPoint
-from sqlalchemy import ColumnElement, func, select
+from sqlalchemy import ColumnElement, and_, func, select
 from sqlalchemy.orm import Session
 
 R = Result
@@ -57,13 +57,20 @@ class Latest:
 
 
 def latest_runs(session: Session, *where: ColumnElement[bool]) -> list[Latest]:
-    """The newest successful run of every series matching ``where``."""
-    rn = (
-        func.row_number()
-        .over(partition_by=(R.chip, R.kernel, R.shape, R.dtype), order_by=(R.created_at.desc(), R.id.desc()))
-        .label("rn")
+    """The newest run of every series matching ``where`` (filters on chip, kernel, shape, dtype and
+    mlx_version), skipping series whose newest run failed outright.
+
+    Two steps, both on ``ix_results_series``: a ``GROUP BY`` series with ``max(created_at)`` (a
+    covering-index scan when ``where`` only names series columns), then one index seek per series.
+    A ``row_number()`` window did the same but sorted every matching row (300 ms for 20k runs).
+    """
+    newest = (
+        select(R.chip, R.kernel, R.shape, R.dtype, func.max(R.created_at).label("at"))
+        .where(*where)
+        .group_by(R.chip, R.kernel, R.shape, R.dtype)
+        .subquery()
     )
-    sub = (
+    q = (
         select(
             R.id,
             R.chip,
@@ -76,12 +83,24 @@ def latest_runs(session: Session, *where: ColumnElement[bool]) -> list[Latest]:
             R.builtin_median_us,
             R.mlx_version,
             R.created_at,
-            rn,
         )
-        .where(R.best_median_us.is_not(None), *where)
-        .subquery()
+        .join(
+            newest,
+            and_(
+                R.chip == newest.c.chip,
+                R.kernel == newest.c.kernel,
+                R.shape == newest.c.shape,
+                R.dtype == newest.c.dtype,
+                R.created_at == newest.c.at,
+            ),
+        )
+        .where(*where)
     )
-    rows = session.execute(select(sub).where(sub.c.rn == 1)).all()
+    picked: dict[tuple[str, str, str, str], Any] = {}
+    for r in session.execute(q):
+        key = (r.chip, r.kernel, r.shape, r.dtype)
+        if key not in picked or r.id > picked[key].id:  # two runs stored in the same instant
+            picked[key] = r
     out = [
         Latest(
             result_id=r.id,
@@ -96,7 +115,8 @@ def latest_runs(session: Session, *where: ColumnElement[bool]) -> list[Latest]:
             mlx_version=r.mlx_version,
             created_at=r.created_at,
         )
-        for r in rows
+        for r in picked.values()
+        if r.best_median_us is not None
     ]
     out.sort(key=lambda x: (x.kernel, shape_key(x.shape), x.dtype, x.chip))
     return out

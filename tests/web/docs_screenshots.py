@@ -25,11 +25,11 @@ from kernelfleet.service.db import make_engine  # noqa: E402
 from kernelfleet.service.migrate import upgrade  # noqa: E402
 
 SHOTS = {
-    "dashboard-fleet.png": ("/", 1360),
-    "dashboard-chip.png": ("/chips/Apple%20M3%20Max?kernel=rmsnorm&dtype=float16&runs=40", 1360),
-    "dashboard-kernel.png": ("/kernels/softmax?dtype=float16", 1360),
-    "dashboard-regressions.png": ("/regressions?kernel=rmsnorm&chip=Apple+M3+Max", 1360),
-    "dashboard-compare.png": (f"/compare?chip={quote('Apple M3 Max')}&mlx_a=0.32.3&mlx_b=0.32.4", 1360),
+    "dashboard-fleet.png": ("/", 1360, 1000),
+    "dashboard-chip.png": ("/chips/Apple%20M3%20Max?kernel=rmsnorm&dtype=float16&runs=40", 1360, 1500),
+    "dashboard-kernel.png": ("/kernels/softmax?dtype=float16", 1360, 1250),
+    "dashboard-regressions.png": ("/regressions?kernel=rmsnorm&chip=Apple+M3+Max", 1360, 1150),
+    "dashboard-compare.png": (f"/compare?chip={quote('Apple M3 Max')}&mlx_a=0.32.3&mlx_b=0.32.4", 1360, 1100),
 }
 
 
@@ -49,10 +49,11 @@ def main() -> None:
         proc, base = serve(url, Path(tmp))
         try:
             for browser in launch():
-                for name, (path, width) in SHOTS.items():
+                for name, (path, width, height) in SHOTS.items():
                     page = open_page(browser, base + path, width=width)
                     assert page.status == 200 and not page.errors, (path, page.status, page.errors)
-                    page.page.screenshot(path=str(out / name), full_page=True)
+                    page.page.set_viewport_size({"width": width, "height": height})
+                    page.page.screenshot(path=str(out / name))
                     page.page.close()
                     print("wrote", out / name)
         finally:
