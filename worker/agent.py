@@ -96,7 +96,7 @@ class AgentConfig:
     poll_seconds: float = 5.0
     backoff_base: float = 0.5
     backoff_max: float = 30.0
-    startup_wait_seconds: float = 10.0
+    startup_wait_seconds: float = 0.0   # how long to wait for a coordinator that is starting up
 
 
 @dataclass
@@ -223,9 +223,7 @@ class Agent:
         try:
             enrollment = self.client.enroll(self.config.enroll_token, info)
         except (Unauthorized, LeaseConflict) as e:
-            raise EnrollmentRefused(f"the enrollment token was refused: {e.detail}. It may be mistyped, "
-                                    "used up or expired; mint a new one with `kernelfleet admin "
-                                    "enroll-token`.") from e
+            raise EnrollmentRefused(f"the enrollment token was refused: {e.detail}") from e
         except Rejected as e:
             raise EnrollmentRefused(f"enrollment was refused: {e.detail}") from e
         except Unreachable as e:
@@ -406,7 +404,7 @@ class Agent:
             run.settled = run.released = True
         try:
             self.client.release(run.lease.job_id, run.lease.lease_token)
-            logger.warning("job %s: not finished within the grace period; released it to the coordinator",
+            logger.info("job %s: not finished within the grace period; released it to the coordinator",
                            run.lease.job_id)
         except CoordinatorError as e:
             logger.warning("job %s: could not release it (%s); its lease will expire on its own",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 from pathlib import Path
 from types import FrameType
 from typing import Annotated
@@ -21,7 +22,8 @@ from kernelfleet.worker.state import StateError, WorkerState, default_state_dir
 from rich.console import Console
 from rich.logging import RichHandler
 
-console = Console(stderr=True, highlight=False)
+# wide lines when logging to a file or a pipe (a service manager's journal), the terminal's width otherwise
+console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
 
 
 def _job_line(lease: Lease, outcome: JobOutcome) -> None:
@@ -34,13 +36,14 @@ def _job_line(lease: Lease, outcome: JobOutcome) -> None:
         marks = {"done": "[green]done[/]", "spooled": "[yellow]spooled (coordinator unreachable)[/]",
                  "refused": "[red]refused by the coordinator (quarantined)[/]"}
         mark = marks.get(outcome.status, outcome.status)
-        console.print(f"{what}  best [cyan]{best}[/]  {gain}  {mark} {took}")
+        console.print(f"{what}  best [cyan]{best}[/]  {gain}  {mark} {took}", soft_wrap=True)
     elif outcome.status == "failed":
-        console.print(f"{what}  [red]failed[/]: {outcome.error} {took}")
+        console.print(f"{what}  [red]failed[/]: {outcome.error} {took}", soft_wrap=True)
     elif outcome.status == "released":
-        console.print(f"{what}  [yellow]released[/] (stopping; not finished within the grace period) {took}")
+        console.print(f"{what}  [yellow]released[/] (stopping; not finished within the grace period) {took}",
+                      soft_wrap=True)
     else:
-        console.print(f"{what}  [yellow]abandoned[/]: lease lost ({outcome.error}) {took}")
+        console.print(f"{what}  [yellow]abandoned[/]: lease lost ({outcome.error}) {took}", soft_wrap=True)
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -83,12 +86,13 @@ def worker(
     _setup_logging(verbose)
     try:
         state = WorkerState(state_dir or default_state_dir())
+        state.lock()
         agent = Agent(AgentConfig(
             coordinator=coordinator, state=state, enroll_token=enroll_token, name=name, max_jobs=max_jobs,
             strategy=strategy, budget=budget, grace_seconds=grace_seconds, poll_seconds=poll_seconds,
             backoff_max=backoff_max), on_job=_job_line)
     except (StateError, SpoolError, AgentError) as e:
-        console.print(f"[bold red]error:[/] {e}")
+        console.print(f"[bold red]error:[/] {e}", soft_wrap=True)
         raise typer.Exit(1) from e
 
     signals_seen = 0
@@ -104,14 +108,14 @@ def worker(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    console.print(f"KernelFleet worker: coordinator {coordinator}, state in {state.root}")
+    console.print(f"KernelFleet worker: coordinator {coordinator}, state in {state.root}", soft_wrap=True)
     try:
         agent.run()
     except AgentError as e:
-        console.print(f"[bold red]error:[/] {e}")
+        console.print(f"[bold red]error:[/] {e}", soft_wrap=True)
         raise typer.Exit(e.exit_code) from e
     except (StateError, SpoolError) as e:
-        console.print(f"[bold red]error:[/] {e}")
+        console.print(f"[bold red]error:[/] {e}", soft_wrap=True)
         raise typer.Exit(1) from e
     console.print(f"worker stopped after {agent.jobs_run} job(s)")
 

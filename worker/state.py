@@ -8,6 +8,7 @@ and the coordinator URL it belongs to. It is written atomically and never readab
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ logger = logging.getLogger(__name__)
 
 TOKEN_FILE = "token"
 IDENTITY_FILE = "identity.json"
+LOCK_FILE = "agent.lock"
 
 
 class StateError(Exception):
@@ -70,6 +72,23 @@ class WorkerState:
         except OSError as e:
             raise StateError(f"cannot create the worker state directory {self.root}: {e}") from e
         self.spool = Spool(self.root / "spool")
+        self._lock_fd: int | None = None
+
+    def lock(self) -> None:
+        """Hold this state directory for the life of the process: two agents sharing one token and
+        one spool would confuse the coordinator and each other."""
+        path = self.root / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise StateError(f"another worker agent (pid {holder}) is already using {self.root}; stop it "
+                             "first, or give this one its own --state-dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
 
     @property
     def token_path(self) -> Path:

@@ -116,3 +116,10 @@ def test_backoff_grows_with_jitter_and_is_capped() -> None:
     assert b.next_delay() <= 0.5
     with pytest.raises(ValueError):
         Backoff(base=2.0, cap=1.0)
+
+
+def test_one_agent_per_state_dir(tmp_path: Path) -> None:
+    first = WorkerState(tmp_path)
+    first.lock()
+    with pytest.raises(StateError, match=f"pid {os.getpid()}.*already using"):
+        WorkerState(tmp_path).lock()

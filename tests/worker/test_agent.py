@@ -1,0 +1,355 @@
+"""The worker agent end to end: real ``kernelfleet worker`` processes (CPU backend, real MLX tuning)
+against a real coordinator on SQLite and PostgreSQL.
+
+Jobs are rmsnorm on small shapes with a tiny ``--budget`` so each tune takes a fraction of a
+second; the "slow" jobs (a large shape with a larger budget) exist only to catch a worker mid-job.
+"""
+
+from __future__ import annotations
+
+import http.server
+import stat
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_support import (
+    create_campaign,
+    jobs,
+    mint_enroll_token,
+    results,
+    run_worker,
+    start_worker,
+    stop_all,
+    wait_for,
+    workers,
+)
+from conftest import Coordinator, free_port
+
+FAST = ("--budget", "0.02", "--poll-seconds", "0.2")
+SLOW_SHAPE = "2048x4096"  # ~1.5 s at --budget 0.5, ~6 s at --budget 5 on this machine's CPU
+
+
+def _all_done(coordinator: Coordinator, campaign_id: int) -> list[dict[str, Any]] | None:
+    js = jobs(coordinator, campaign_id)
+    return js if js and all(j["state"] == "done" for j in js) else None
+
+
+def test_three_workers_run_a_campaign_exactly_once(coordinator: Coordinator, tmp_path: Path) -> None:
+    procs = [
+        start_worker(
+            coordinator.url, tmp_path / f"w{i}", f"w{i}", *FAST, enroll_token=mint_enroll_token(coordinator)
+        )
+        for i in range(3)
+    ]
+    try:
+        # all three enrolled (and so polling) before the work appears, so all can take part
+        wait_for(
+            "three enrolled workers",
+            lambda: len(workers(coordinator)) == 3,
+            timeout=60,
+            diagnostics=lambda: "\n".join(p.log() for p in procs),
+        )
+        shapes = [f"{r}x{c}" for r in (1, 4, 8, 16, 32) for c in (64, 128)]
+        campaign = create_campaign(coordinator, shapes, ["float32", "float16", "bfloat16"])
+        done = wait_for(
+            "every job done",
+            lambda: _all_done(coordinator, campaign),
+            timeout=150,
+            diagnostics=lambda: "\n".join(p.log()[-2000:] for p in procs),
+        )
+        codes = stop_all(procs)
+    finally:
+        stop_all(procs)
+
+    assert codes == {"w0": 0, "w1": 0, "w2": 0}, [p.log() for p in procs]
+    assert len(done) == 30
+    rows = results(coordinator)
+    by_job = Counter(r["job_id"] for r in rows)
+    assert sorted(by_job) == sorted(j["id"] for j in done) and set(by_job.values()) == {1}
+    assert all(j["attempts"] == 1 for j in done), "no job should have been retried in a healthy run"
+    ids = {name: w["id"] for name, w in workers(coordinator).items()}
+    for row, job in zip(sorted(rows, key=lambda r: r["job_id"]), done, strict=True):
+        assert (row["kernel"], row["shape"], row["dtype"]) == (job["kernel"], job["shape"], job["dtype"])
+        assert row["worker_id"] in ids.values()
+    per_worker = Counter(r["worker_id"] for r in rows)
+    assert len(per_worker) >= 2, f"the campaign should be shared out, got {per_worker}"
+    for p in procs:
+        # the token is stored privately, the spool is empty, and each job got one human-readable line
+        assert stat.S_IMODE((p.state_dir / "token").stat().st_mode) == 0o600
+        assert p.pending() == [] and p.quarantined() == []
+        lines = [line for line in p.log().splitlines() if " rmsnorm " in line and "best builtin" in line]
+        assert len(lines) == per_worker[ids[p.name]], p.log()
+
+
+def test_kill9_mid_job_is_finished_by_another_worker(coordinator_factory: Any, tmp_path: Path) -> None:
+    coordinator = coordinator_factory(
+        KERNELFLEET_LEASE_SECONDS="2",
+        KERNELFLEET_REAPER_INTERVAL_SECONDS="0.5",
+        KERNELFLEET_REQUEUE_BACKOFF_SECONDS="0.2",
+    )
+    campaign = create_campaign(coordinator, [SLOW_SHAPE], ["float32"])
+    victim = start_worker(
+        coordinator.url,
+        tmp_path / "victim",
+        "victim",
+        "--budget",
+        "5",
+        "--poll-seconds",
+        "0.2",
+        enroll_token=mint_enroll_token(coordinator),
+    )
+    rescuer = None
+    try:
+        victim_id = wait_for(
+            "the victim to enroll",
+            lambda: workers(coordinator).get("victim"),
+            timeout=60,
+            diagnostics=victim.log,
+        )["id"]
+        (job,) = wait_for(
+            "the victim to lease the job",
+            lambda: [
+                j
+                for j in jobs(coordinator, campaign)
+                if j["state"] == "leased" and j["leased_by"] == victim_id
+            ],
+            diagnostics=victim.log,
+        )
+        victim.kill9()
+        assert jobs(coordinator, campaign)[0]["state"] == "leased", "the kill must land mid-job"
+        rescuer = start_worker(
+            coordinator.url,
+            tmp_path / "rescuer",
+            "rescuer",
+            "--budget",
+            "0.3",
+            "--poll-seconds",
+            "0.2",
+            enroll_token=mint_enroll_token(coordinator),
+        )
+        (final,) = wait_for(
+            "the job to be done",
+            lambda: _all_done(coordinator, campaign),
+            timeout=90,
+            diagnostics=lambda: rescuer.log() if rescuer else "",
+        )
+        assert stop_all([rescuer]) == {"rescuer": 0}
+    finally:
+        victim.terminate()
+        if rescuer is not None:
+            stop_all([rescuer])
+    rescuer_id = workers(coordinator)["rescuer"]["id"]
+    (row,) = results(coordinator)
+    assert row["job_id"] == job["id"] and row["worker_id"] == rescuer_id
+    assert final["attempts"] == 2  # the victim's lease expired and was reaped once
+    assert victim.pending() == []  # it died before it had anything to send
+
+
+def test_sigterm_finishes_within_grace_or_releases(coordinator_factory: Any, tmp_path: Path) -> None:
+    coordinator = coordinator_factory(
+        KERNELFLEET_LEASE_SECONDS="3", KERNELFLEET_REAPER_INTERVAL_SECONDS="0.5"
+    )
+    campaign = create_campaign(coordinator, [SLOW_SHAPE], ["float32", "float16"])
+    # grace 0.5 s against a ~6 s tune: the job is given back, not counted as an attempt
+    short = start_worker(
+        coordinator.url,
+        tmp_path / "short",
+        "short",
+        "--budget",
+        "5",
+        "--grace-seconds",
+        "0.5",
+        "--poll-seconds",
+        "0.2",
+        enroll_token=mint_enroll_token(coordinator),
+    )
+    short_id = wait_for("enrolled", lambda: workers(coordinator).get("short"), diagnostics=short.log)["id"]
+    (leased,) = wait_for(
+        "a lease",
+        lambda: [
+            j for j in jobs(coordinator, campaign) if j["state"] == "leased" and j["leased_by"] == short_id
+        ],
+        diagnostics=short.log,
+    )
+    short.terminate()
+    assert short.wait(30) == 0, short.log()
+    after = {j["id"]: j for j in jobs(coordinator, campaign)}[leased["id"]]
+    assert after["state"] == "queued" and after["attempts"] == 0 and after["leased_by"] is None
+    assert "released" in short.log()
+
+    # a generous grace: the current job is finished and reported, then the worker exits 0
+    patient = start_worker(
+        coordinator.url,
+        tmp_path / "patient",
+        "patient",
+        "--budget",
+        "0.5",
+        "--grace-seconds",
+        "60",
+        "--poll-seconds",
+        "0.2",
+        enroll_token=mint_enroll_token(coordinator),
+    )
+    patient_id = wait_for("enrolled", lambda: workers(coordinator).get("patient"), diagnostics=patient.log)[
+        "id"
+    ]
+    (leased,) = wait_for(
+        "a lease",
+        lambda: [
+            j for j in jobs(coordinator, campaign) if j["state"] == "leased" and j["leased_by"] == patient_id
+        ],
+        diagnostics=patient.log,
+    )
+    patient.terminate()
+    assert patient.wait(60) == 0, patient.log()
+    states = {j["id"]: j["state"] for j in jobs(coordinator, campaign)}
+    assert states[leased["id"]] == "done"
+    assert list(states.values()).count("done") == 1, "after SIGTERM it must lease nothing new"
+    assert [r["job_id"] for r in results(coordinator)] == [leased["id"]]
+
+
+def test_revoked_worker_stops_mid_job_and_says_so(coordinator_factory: Any, tmp_path: Path) -> None:
+    coordinator = coordinator_factory(KERNELFLEET_LEASE_SECONDS="1.5")
+    campaign = create_campaign(coordinator, [SLOW_SHAPE], ["float32"])
+    w = start_worker(
+        coordinator.url,
+        tmp_path / "w",
+        "doomed",
+        "--budget",
+        "5",
+        "--poll-seconds",
+        "0.2",
+        enroll_token=mint_enroll_token(coordinator),
+    )
+    try:
+        wid = wait_for("enrolled", lambda: workers(coordinator).get("doomed"), diagnostics=w.log)["id"]
+        wait_for(
+            "a lease",
+            lambda: [j for j in jobs(coordinator, campaign) if j["leased_by"] == wid],
+            diagnostics=w.log,
+        )
+        with coordinator.admin() as admin:
+            assert admin.post(f"/workers/{wid}/revoke").status_code == 200
+        code = w.wait(30)
+    finally:
+        w.terminate()
+    out = w.log()
+    assert code == 4, out
+    assert "revoked" in out and "Traceback" not in out
+    assert results(coordinator) == [] and w.pending() == []
+    # and it cannot come back with its old token
+    code, out = run_worker(coordinator.url, tmp_path / "w", "doomed", *FAST)
+    assert code == 4 and "refused this worker's stored token" in out and "Traceback" not in out
+
+
+def test_torn_spool_record_is_quarantined_and_the_rest_replayed(
+    coordinator: Coordinator, tmp_path: Path
+) -> None:
+    from kernelfleet.worker.client import CoordinatorClient
+    from kernelfleet.worker.spool import Spool
+    from kernelfleet.worker.tuner import tune
+
+    state_dir = tmp_path / "w"
+    # first run: enroll, then stop it while idle (SIGTERM -> exit 0)
+    w = start_worker(
+        coordinator.url, state_dir, "replayer", *FAST, enroll_token=mint_enroll_token(coordinator)
+    )
+    wait_for("enrolled", lambda: workers(coordinator).get("replayer"), diagnostics=w.log)
+    assert stop_all([w]) == {"replayer": 0}
+    token = (state_dir / "token").read_text().strip()
+
+    # what a worker leaves behind when it dies after spooling, before sending: real leases, real
+    # tuning reports, written by the agent's own spool code ... and one record torn mid-write
+    campaign = create_campaign(coordinator, ["4x64", "8x64", "16x64"], ["float32"])
+    spool = Spool(state_dir / "spool")
+    with CoordinatorClient(coordinator.url, token) as client:
+        for _ in range(3):
+            lease = client.lease()
+            assert lease is not None
+            report = tune(lease.kernel, lease.shape, lease.dtype, budget=0.02)
+            spool.put("result", lease.job_id, lease.lease_token, {"report": report})
+    torn_name = "00000000000000000000-job999-result.json"
+    good = spool.replay()[0].path.read_bytes()
+    (spool.pending_dir / torn_name).write_bytes(good[: len(good) // 3])
+
+    # second run, without --enroll-token: the stored token is reused and the spool replayed
+    w = start_worker(coordinator.url, state_dir, "replayer", *FAST)
+    try:
+        done = wait_for(
+            "every job done", lambda: _all_done(coordinator, campaign), timeout=60, diagnostics=w.log
+        )
+        # a second agent on the same state directory is turned away while this one runs
+        code, out = run_worker(coordinator.url, state_dir, "replayer", *FAST)
+        assert code == 1 and "is already using" in out, out
+    finally:
+        assert stop_all([w]) == {"replayer": 0}, w.log()
+    assert len(done) == 3 and all(j["attempts"] == 1 for j in done)
+    assert sorted(r["job_id"] for r in results(coordinator)) == sorted(j["id"] for j in done)
+    assert w.pending() == []
+    assert [p.name for p in w.quarantined()] == [torn_name]
+    reason = (spool.quarantine_dir / f"{torn_name}.reason.txt").read_text()
+    assert "invalid JSON" in reason
+    assert len(workers(coordinator)) == 1  # no second enrollment
+
+
+class _NotKernelFleet(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802
+        body = b"<html><body>router admin page</body></html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def not_a_coordinator() -> Any:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotKernelFleet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_error_exits_are_clear(coordinator: Coordinator, tmp_path: Path, not_a_coordinator: str) -> None:
+    cases: list[tuple[str, tuple[int, str]]] = []
+    # nothing listens there
+    cases.append(
+        (
+            "cannot reach",
+            run_worker(f"http://127.0.0.1:{free_port()}", tmp_path / "a", "a", enroll_token="kfe_x"),
+        )
+    )
+    # something else listens there
+    cases.append(
+        (
+            "not a KernelFleet coordinator",
+            run_worker(not_a_coordinator, tmp_path / "b", "b", enroll_token="kfe_x"),
+        )
+    )
+    # a made-up, an expired, and an already used enrollment token
+    cases.append(
+        (
+            "enrollment token was refused",
+            run_worker(coordinator.url, tmp_path / "c", "c", enroll_token="kfe_made-up"),
+        )
+    )
+    expired = mint_enroll_token(coordinator, ttl_seconds=0.001)
+    cases.append(("expired", run_worker(coordinator.url, tmp_path / "d", "d", enroll_token=expired)))
+    # no token at all on a first run
+    cases.append(("not enrolled yet", run_worker(coordinator.url, tmp_path / "e", "e")))
+
+    expected_codes = [3, 3, 4, 4, 3]
+    for (needle, (code, out)), want in zip(cases, expected_codes, strict=True):
+        assert code == want, out
+        assert needle in out, out
+        assert "Traceback" not in out
+    assert workers(coordinator) == {}
+    # a refused enrollment stores nothing
+    assert not (tmp_path / "c" / "token").exists()
