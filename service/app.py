@@ -84,10 +84,12 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         return JSONResponse(status_code=422, content={"detail": describe_validation_errors(exc.errors())})
 
     @app.exception_handler(HTTPException)
-    async def _http_error(_request: Request, exc: HTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
         detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 404 and detail == "Not Found":
             detail = "no such route: see /docs for the API"
+        elif exc.status_code == 405:
+            detail = f"{request.method} is not allowed on {request.url.path}: see /docs for the API"
         return JSONResponse(status_code=exc.status_code, content={"detail": detail}, headers=exc.headers)
 
     for module in API_ROUTERS:

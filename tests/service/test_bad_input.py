@@ -157,6 +157,7 @@ def test_bad_inputs_get_clear_4xx_and_change_nothing(coordinator_factory: Any) -
         Case("non-integer job id", "POST", "/jobs/abc/fail", 422, "job_id", "worker",
              json_body={"lease_token": "x", "error": "y"}),
         Case("unknown route", "GET", "/nope", 404, "no such route", "admin"),
+        Case("wrong method", "DELETE", "/campaigns", 405, "not allowed", "admin"),
         Case("bad state filter", "GET", "/jobs?state=running", 422, "state", "admin"),
         Case("negative ttl", "POST", "/enroll-tokens", 422, "ttl_seconds", "admin",
              json_body={"ttl_seconds": -5}),
