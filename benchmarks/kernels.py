@@ -1,0 +1,357 @@
+"""Kernel speed: the MLX built-in vs the tuned choice, per catalog kernel and shape, on this GPU.
+
+    python benchmarks/kernels.py --out results/h100_kernels.txt --jsonl results/h100_tuning.jsonl
+    python benchmarks/kernels.py --spread-only --jsonl results/h100_tuning.jsonl   # profile data
+
+For each kernel and each of its decode-size and large shapes it tunes (successive halving; the
+built-in is one candidate, so the tuned choice is never slower than the built-in as measured)
+and prints the built-in's median, the tuned median, the speedup, and the achieved bandwidth
+(``spec.bytes_moved`` / median) against the copy bandwidth measured first on this machine
+(a vectorized device-to-device copy kernel). The geometric-mean speedup is over large shapes.
+
+``--spread`` / ``--spread-only`` then tunes every kernel over a grid of shapes (rows x cols for
+row-wise kernels) and dtypes until the time limit, appending every tuning report as JSONL.
+
+Compilation: every candidate is a separate NVRTC compile the first time. ``--precompile N``
+builds and runs each planned candidate once in N parallel processes first, which fills MLX's
+on-disk PTX cache (/tmp/mlx/<version>/ptx) so the tuning process only loads modules.
+Imports only mlx, numpy and the kernelfleet kernels/worker packages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import random
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+os.environ.setdefault("MLX_ENABLE_CACHE_THRASHING_CHECK", "0")
+
+import mlx.core as mx  # noqa: E402
+from kernelfleet.kernels.catalog import all_specs, get_spec  # noqa: E402
+from kernelfleet.kernels.spec import KernelSpec, Shape, format_shape  # noqa: E402
+from kernelfleet.worker.backends import detect_backend  # noqa: E402
+from kernelfleet.worker.chip import detect_chip  # noqa: E402
+from kernelfleet.worker.report import report_problems  # noqa: E402
+from kernelfleet.worker.tuner import TuneOutcome, tune_spec  # noqa: E402
+
+Task = tuple[str, Shape, str]
+SPREAD_ROWS = (1, 8, 32, 128, 1024, 4096, 16384)
+SPREAD_COLS = (1024, 2048, 4096, 8192)
+
+_COPY_CUDA = """
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i < N) {
+        reinterpret_cast<uint4*>(out)[i] = reinterpret_cast<const uint4*>(inp)[i];
+    }
+"""
+_COPY_METAL = """
+    uint i = thread_position_in_grid.x;
+    if (i < N) {
+        reinterpret_cast<device uint4*>(out)[i] = reinterpret_cast<device const uint4*>(inp)[i];
+    }
+"""
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def time_fn(fn: Any, launches: int = 20, rounds: int = 15) -> float:
+    """Median seconds per launch: rounds of ``launches`` async launches between synchronizations."""
+    mx.eval(fn())
+    mx.synchronize()
+    samples = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(launches):
+            mx.async_eval(fn())
+        mx.synchronize()
+        samples.append((time.perf_counter() - t0) / launches)
+    return float(sorted(samples)[len(samples) // 2])
+
+
+def copy_bandwidth(backend: str, nbytes: int = 1 << 30) -> dict[str, float]:
+    """Measured device-to-device copy bandwidth in GB/s (read + write counted)."""
+    n = nbytes // 4
+    x = mx.random.uniform(shape=(n,), dtype=mx.float32)
+    mx.eval(x)
+    out: dict[str, float] = {}
+    if backend in ("cuda", "metal"):
+        make: Any = mx.fast.cuda_kernel if backend == "cuda" else mx.fast.metal_kernel
+        kernel = make(name="kf_bench_copy", input_names=["inp"], output_names=["out"],
+                      source=_COPY_CUDA if backend == "cuda" else _COPY_METAL)
+        n16 = nbytes // 16
+
+        def copy() -> Any:
+            return kernel(inputs=[x], template=[("N", n16)], grid=(n16, 1, 1), threadgroup=(256, 1, 1),
+                          output_shapes=[x.shape], output_dtypes=[x.dtype])[0]
+
+        check = copy()
+        mx.eval(check)
+        if bool(mx.array_equal(check, x).item()):
+            out["copy_kernel"] = 2 * nbytes / time_fn(copy) / 1e9
+    launches = 20 if backend in ("cuda", "metal") else 2
+    out["mlx_x_plus_0"] = 2 * nbytes / time_fn(lambda: x + 0, launches=launches, rounds=5) / 1e9
+    out["limit"] = max(out.values())
+    return out
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+def rowwise(spec: KernelSpec) -> bool:
+    large = list(spec.shapes.get("large", []))
+    return bool(large) and len(large[0]) == 2 and spec.shape_doc.lower().startswith("rows")
+
+
+def valid(spec: KernelSpec, shape: Shape, dtype: str) -> bool:
+    try:
+        spec.validate_shape(shape)
+    except Exception:  # noqa: BLE001 - the spec says no
+        return False
+    return dtype in spec.dtypes
+
+
+def main_plan(specs: Sequence[KernelSpec], dtype: str) -> list[tuple[str, Task]]:
+    plan = []
+    for spec in specs:
+        d = dtype if dtype in spec.dtypes else spec.dtypes[-1]
+        for kind in ("decode", "large"):
+            for shape in spec.shapes.get(kind, []):
+                if valid(spec, tuple(shape), d):
+                    plan.append((kind, (spec.name, tuple(shape), d)))
+    return plan
+
+
+def spread_plan(specs: Sequence[KernelSpec], dtypes: Sequence[str], seed: int = 0) -> list[Task]:
+    """Every kernel over a grid of shapes and dtypes.
+
+    Row-wise kernels get rows x cols; the others their own decode and large shapes. Tasks come in
+    groups that share compiled code (kernel, row length, dtype: every row count of one group
+    reuses the same kernels), groups in a seeded order round-robin over kernels, so whatever the
+    time limit cuts, the data covers all kernels, many row lengths and every row count."""
+    per_kernel: list[list[list[Task]]] = []
+    for spec in specs:
+        groups: list[list[Task]] = []
+        if rowwise(spec):
+            for c in SPREAD_COLS:
+                for d in dtypes:
+                    groups.append([(spec.name, (r, c), d) for r in SPREAD_ROWS if valid(spec, (r, c), d)])
+        else:
+            for d in dtypes:
+                groups.append([(spec.name, tuple(s), d) for k in ("decode", "large")
+                               for s in spec.shapes.get(k, []) if valid(spec, tuple(s), d)])
+        groups = [g for g in groups if g]
+        random.Random(f"{seed}-{spec.name}").shuffle(groups)
+        per_kernel.append(groups)
+    out: list[Task] = []
+    for i in range(max((len(g) for g in per_kernel), default=0)):
+        for groups in per_kernel:
+            if i < len(groups):
+                out.extend(groups[i])
+    return out
+
+
+# ----------------------------------------------------------------------------- precompile
+
+
+Group = tuple[str, Shape, str, list[dict[str, Any]]]
+
+
+def _precompile_group(group: Group) -> tuple[str, int, int, float, str]:
+    name, shape, dtype, configs = group
+    os.environ.setdefault("MLX_ENABLE_CACHE_THRASHING_CHECK", "0")
+    t0 = time.perf_counter()
+    spec = get_spec(name)
+    backend = detect_backend()
+    ok = bad = 0
+    first_error = ""
+    label = f"{name} {format_shape(shape)} {dtype}"
+    try:
+        inputs = spec.make_inputs(shape, dtype, 0)
+        mx.eval(inputs)
+    except Exception as e:  # noqa: BLE001 - the tuner will report it
+        return label, 0, len(configs), time.perf_counter() - t0, str(e)[:200]
+    for config in configs:
+        try:
+            mx.eval(backend.build(spec, config, shape, dtype)(inputs))
+            ok += 1
+        except Exception as e:  # noqa: BLE001 - the tuner records the real failure
+            bad += 1
+            first_error = first_error or f"{config}: {str(e)[:200]}"
+    return label, ok, bad, time.perf_counter() - t0, first_error
+
+
+def precompile(tasks: Iterable[Task], processes: int, max_groups: int | None = None) -> None:
+    """Build + run every candidate of ``tasks`` once in parallel processes (fills the PTX cache).
+
+    Compiled code depends on the row length, dtype and config, not on the row count, so tasks
+    are grouped by (kernel, last dim, dtype) and run at the smallest row count planned."""
+    backend = detect_backend()
+    if not backend.supports_custom_kernels or processes < 1:
+        return
+    groups: dict[tuple[str, Any, str], tuple[Shape, dict[str, dict[str, Any]]]] = {}
+    for name, shape, dtype in tasks:
+        spec = get_spec(name)
+        key = (name, shape[1:] if rowwise(spec) else shape, dtype)
+        rep, configs = groups.get(key, (shape, {}))
+        if rowwise(spec) and shape[0] < rep[0]:
+            rep = shape
+        for c in spec.space(shape, dtype):
+            configs[json.dumps(c, sort_keys=True)] = c
+        groups[key] = (rep, configs)
+    work = [(k[0], rep, k[2], list(cs.values())) for k, (rep, cs) in groups.items()][:max_groups]
+    work.sort(key=lambda g: -len(g[3]))  # longest first: better packing
+    n = sum(len(g[3]) for g in work)
+    log(f"precompiling {n} candidates in {len(work)} groups with {processes} processes")
+    t0 = time.perf_counter()
+    try:
+        with ProcessPoolExecutor(processes, mp_context=mp.get_context("spawn")) as pool:
+            for fut in as_completed([pool.submit(_precompile_group, g) for g in work]):
+                label, ok, bad, secs, err = fut.result()
+                log(f"  precompiled {label}: {ok} ok, {bad} failed, {secs:.1f}s {err}")
+    except BrokenProcessPool as e:  # a compile process died: the tuner compiles the rest itself
+        log(f"precompile pool broke ({e}); continuing without it")
+    log(f"precompile done in {time.perf_counter() - t0:.1f}s")
+
+
+# ----------------------------------------------------------------------------- tuning
+
+
+def run_tune(task: Task, jsonl: str | None, strategy: str = "halving", seed: int = 0) -> TuneOutcome | None:
+    name, shape, dtype = task
+    try:
+        outcome = tune_spec(get_spec(name), shape, dtype, strategy=strategy, seed=seed)
+    except Exception as e:  # noqa: BLE001 - one failing task must not stop the benchmark
+        log(f"  {name} {format_shape(shape)} {dtype}: FAILED {type(e).__name__}: {str(e)[:300]}")
+        return None
+    problems = report_problems(outcome.report)
+    if problems:
+        log(f"  {name} {format_shape(shape)} {dtype}: report problems {problems}")
+    if jsonl:
+        with open(jsonl, "a", encoding="utf-8") as f:
+            f.write(json.dumps(outcome.report, allow_nan=False) + "\n")
+    return outcome
+
+
+def row_for(kind: str, task: Task, outcome: TuneOutcome, limit_gbs: float) -> dict[str, Any]:
+    name, shape, dtype = task
+    spec = get_spec(name)
+    trials = {t["config_key"]: t for t in outcome.report["trials"]}
+    builtin = trials["builtin"]["median_us"]
+    best_key = outcome.report["best_config_key"]
+    tuned = trials[best_key]["median_us"]
+    nbytes = spec.bytes_moved(shape, dtype)
+    n_ok = sum(t["status"] == "ok" for t in trials.values())
+    return {"kernel": name, "kind": kind, "shape": format_shape(shape), "dtype": dtype, "builtin_us": builtin,
+            "tuned_us": tuned, "speedup": builtin / tuned if builtin and tuned else None, "best": best_key,
+            "builtin_gbs": nbytes / builtin / 1e3 if builtin else None, "tuned_gbs": nbytes / tuned / 1e3,
+            "pct_copy": 100 * nbytes / tuned / 1e3 / limit_gbs, "candidates": len(trials), "ok": n_ok,
+            "tune_s": outcome.total_s}
+
+
+def fmt_table(rows: Sequence[dict[str, Any]]) -> str:
+    head = (f"{'kernel':<20} {'kind':<6} {'shape':<12} {'dtype':<8} {'builtin µs':>11} {'tuned µs':>10} "
+            f"{'speedup':>8} {'builtin GB/s':>12} {'tuned GB/s':>10} {'% copy':>7} {'ok/cand':>8}  best")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['kernel']:<20} {r['kind']:<6} {r['shape']:<12} {r['dtype']:<8} "
+                     f"{r['builtin_us']:>11.2f} "
+                     f"{r['tuned_us']:>10.2f} {r['speedup']:>7.2f}x {r['builtin_gbs']:>12.0f} "
+                     f"{r['tuned_gbs']:>10.0f} {r['pct_copy']:>6.0f}% {r['ok']:>3}/{r['candidates']:<4}  "
+                     f"{r['best']}")
+    return "\n".join(lines)
+
+
+def summary(rows: Sequence[dict[str, Any]]) -> str:
+    large = [r for r in rows if r["kind"] == "large"]
+    if not large:
+        return "no large shapes measured"
+    gm = math.exp(sum(math.log(r["speedup"]) for r in large) / len(large))
+    gm_b = math.exp(sum(math.log(r["builtin_gbs"]) for r in large) / len(large))
+    at80 = [r for r in large if r["pct_copy"] >= 80]
+    worse = [r for r in rows if r["speedup"] < 1.0]
+    return "\n".join([
+        f"large shapes: geometric-mean speedup over the built-ins {gm:.2f}x over {len(large)} shapes "
+        f"(target >= 1.3x: {'met' if gm >= 1.3 else 'MISSED'})",
+        f"large shapes at >= 80% of copy bandwidth: {len(at80)}/{len(large)} "
+        f"({', '.join(r['kernel'] + ' ' + r['shape'] for r in at80) or 'none'})",
+        f"geometric-mean built-in bandwidth on large shapes: {gm_b:.0f} GB/s",
+        f"tuned slower than built-in (as measured): {len(worse)} of {len(rows)}",
+    ])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernels", help="comma-separated subset of the catalog")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--out", help="write the table here too")
+    ap.add_argument("--jsonl", help="append every tuning report here")
+    ap.add_argument("--spread", action="store_true", help="after the table, tune the shape grid")
+    ap.add_argument("--spread-only", action="store_true")
+    ap.add_argument("--spread-dtypes", default="float16,bfloat16")
+    ap.add_argument("--time-limit", type=float, default=480.0,
+                    help="start no new tune after this many seconds")
+    ap.add_argument("--precompile", type=int, default=0, help="parallel compile processes (0: none)")
+    ap.add_argument("--precompile-groups", type=int, default=None,
+                    help="precompile at most this many (kernel, row length, dtype) groups, in plan order")
+    args = ap.parse_args(argv)
+    t_start = time.monotonic()
+    deadline = t_start + args.time_limit
+
+    chip = detect_chip()
+    backend = detect_backend()
+    specs = [get_spec(k) for k in args.kernels.split(",")] if args.kernels else all_specs()
+    header = (f"# {chip.name} ({chip.arch}), backend {backend.name}, MLX {chip.mlx_version}, {chip.os}, "
+              f"driver {chip.driver}\n# kernels: {', '.join(s.name for s in specs)}")
+    print(header, flush=True)
+
+    plan = [] if args.spread_only else main_plan(specs, args.dtype)
+    spread = spread_plan(specs, args.spread_dtypes.split(",")) if (args.spread or args.spread_only) else []
+    if args.precompile:
+        precompile([t for _, t in plan] + spread, args.precompile, args.precompile_groups)
+
+    out_lines = [header]
+    if plan:
+        bw = copy_bandwidth(backend.name, 1 << 30 if backend.supports_custom_kernels else 1 << 26)
+        bw_line = "# copy bandwidth (read + write): " + ", ".join(f"{k} {v:.0f} GB/s" for k, v in bw.items())
+        print(bw_line, flush=True)
+        out_lines.append(bw_line)
+        rows = []
+        for kind, task in plan:
+            if time.monotonic() > deadline:
+                log("time limit reached; remaining table rows skipped")
+                break
+            log(f"tune {task[0]} {format_shape(task[1])} {task[2]} ({kind})")
+            outcome = run_tune(task, args.jsonl)
+            if outcome is not None:
+                rows.append(row_for(kind, task, outcome, bw["limit"]))
+                log(f"  builtin {rows[-1]['builtin_us']:.2f} µs, tuned {rows[-1]['tuned_us']:.2f} µs "
+                    f"({rows[-1]['speedup']:.2f}x, {rows[-1]['best']}), {outcome.total_s:.1f}s")
+                if args.out:  # rewritten after every row: a killed run still leaves its table
+                    with open(args.out, "w", encoding="utf-8") as f:
+                        f.write("\n".join(out_lines + [fmt_table(rows), "", summary(rows)]) + "\n")
+        print(fmt_table(rows) + "\n\n" + summary(rows), flush=True)
+
+    done = 0
+    for task in spread:
+        if time.monotonic() > deadline:
+            break
+        if run_tune(task, args.jsonl) is not None:
+            done += 1
+    if spread:
+        log(f"spread: {done} of {len(spread)} planned tunes written to {args.jsonl}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,74 @@
+"""Repeatability: tune the same kernel and shape twice on one machine; the picked configs'
+medians must agree within 3%.
+
+    python benchmarks/repeatability.py --out results/h100_repeatability.txt
+
+Each pair is the same halving tune run twice in one process (same seed and inputs, fresh
+measurements); the figure is |m1 - m2| / min(m1, m2) of the two picks' medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from kernelfleet.kernels.catalog import all_specs, get_spec
+from kernelfleet.kernels.spec import format_shape
+from kernelfleet.worker.backends import detect_backend
+from kernelfleet.worker.chip import detect_chip
+from kernelfleet.worker.tuner import tune_spec
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernels", help="default: every catalog kernel")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--kinds", default="large,decode")
+    ap.add_argument("--out")
+    ap.add_argument("--time-limit", type=float, default=120.0)
+    args = ap.parse_args()
+    deadline = time.monotonic() + args.time_limit
+    chip, be = detect_chip(), detect_backend()
+    specs = [get_spec(k) for k in args.kernels.split(",")] if args.kernels else all_specs()
+    lines = [f"# {chip.name} ({chip.arch}), backend {be.name}, MLX {chip.mlx_version}",
+             f"{'kernel':<20} {'kind':<6} {'shape':<12} {'dtype':<8} {'pick 1':<26} {'µs':>9} {'pick 2':<26} "
+             f"{'µs':>9} {'diff':>7}"]
+    diffs = []
+    for kind in args.kinds.split(","):
+        for spec in specs:
+            if time.monotonic() > deadline or not spec.shapes.get(kind):
+                continue
+            dtype = args.dtype if args.dtype in spec.dtypes else spec.dtypes[-1]
+            shape = tuple(spec.shapes[kind][0])
+            try:
+                picks = []
+                for _ in range(2):  # the same command twice: a fresh measurer and fresh rounds each time
+                    rep = tune_spec(spec, shape, dtype, seed=0, strategy="halving").report
+                    best = next(t for t in rep["trials"] if t["config_key"] == rep["best_config_key"])
+                    picks.append((rep["best_config_key"], best["median_us"]))
+            except Exception as e:  # noqa: BLE001
+                print(f"{spec.name} {kind}: FAILED {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+                continue
+            (k1, m1), (k2, m2) = picks
+            diff = abs(m1 - m2) / min(m1, m2)
+            diffs.append(diff)
+            lines.append(f"{spec.name:<20} {kind:<6} {format_shape(shape):<12} {dtype:<8} "
+                         f"{k1:<26} {m1:>9.2f} "
+                         f"{k2:<26} {m2:>9.2f} {100 * diff:>6.2f}%")
+            print(lines[-1], file=sys.stderr, flush=True)
+            if args.out:
+                Path(args.out).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    if diffs:
+        lines += ["", f"pairs within 3%: {sum(d <= 0.03 for d in diffs)}/{len(diffs)}; "
+                      f"worst {100 * max(diffs):.2f}%, median {100 * sorted(diffs)[len(diffs) // 2]:.2f}%"]
+    text = "\n".join(lines)
+    print(text, flush=True)
+    if args.out:
+        Path(args.out).write_text(text + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
