@@ -21,6 +21,8 @@ Imports only mlx, numpy and the kernelfleet kernels/worker packages.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import math
 import multiprocessing as mp
@@ -227,10 +229,21 @@ def precompile(tasks: Iterable[Task], processes: int, max_groups: int | None = N
 # ----------------------------------------------------------------------------- tuning
 
 
+@functools.cache
+def cached_spec(name: str) -> KernelSpec:
+    """The catalog spec with its (deterministic, seeded) inputs memoized for the last two
+    (shape, dtype, seed): generating a 16384x8192 input with numpy takes seconds, and the
+    benchmarks tune the same inputs several times. Nothing else changes."""
+    spec = get_spec(name)
+    make = functools.lru_cache(maxsize=2)(lambda shape, dtype, seed: spec.make_inputs(shape, dtype, seed))
+    return dataclasses.replace(spec, make_inputs=lambda shape, dtype, seed: make(tuple(shape), dtype, seed))
+
+
+
 def run_tune(task: Task, jsonl: str | None, strategy: str = "halving", seed: int = 0) -> TuneOutcome | None:
     name, shape, dtype = task
     try:
-        outcome = tune_spec(get_spec(name), shape, dtype, strategy=strategy, seed=seed)
+        outcome = tune_spec(cached_spec(name), shape, dtype, strategy=strategy, seed=seed)
     except Exception as e:  # noqa: BLE001 - one failing task must not stop the benchmark
         log(f"  {name} {format_shape(shape)} {dtype}: FAILED {type(e).__name__}: {str(e)[:300]}")
         return None

@@ -37,7 +37,7 @@ from kernelfleet.worker.tuner import tune_spec  # noqa: E402
 
 def warm(name: str, shape: tuple[int, ...], dtype: str) -> None:
     """Build, verify, warm up and calibrate every candidate once, in this process."""
-    spec, be = get_spec(name), detect_backend()
+    spec, be = kb.cached_spec(name), detect_backend()
     inputs = spec.make_inputs(shape, dtype, 0)
     ref = spec.reference(inputs)
     mx.eval(inputs, ref)
@@ -46,7 +46,7 @@ def warm(name: str, shape: tuple[int, ...], dtype: str) -> None:
 
 
 def compare(name: str, shape: tuple[int, ...], dtype: str, seed: int) -> dict[str, Any]:
-    spec = get_spec(name)
+    spec = kb.cached_spec(name)
     warm(name, shape, dtype)
     hv = tune_spec(spec, shape, dtype, strategy="halving", seed=seed)
     ex = tune_spec(spec, shape, dtype, strategy="exhaustive", seed=seed)
