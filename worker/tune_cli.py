@@ -47,7 +47,7 @@ def trials_table(report: dict[str, Any]) -> Table:
                         f"({report['env']['backend']}, {report['strategy']})")
     for col, justify in (("config", "left"), ("median", "right"), ("p10–p90", "right"), ("n", "right"),
                          ("max abs err", "right"), ("speedup", "right"), ("status", "left")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+        table.add_column(col, justify=justify, no_wrap=col == "config")  # type: ignore[arg-type]
     ranked = sorted(trials, key=lambda t: (t["median_us"] is None, t["median_us"] or math.inf))
     for t in ranked:
         speed = f"{base / t['median_us']:.2f}×" if base and t["median_us"] else "—"
@@ -68,7 +68,8 @@ def kernels_command() -> None:
     except KernelError as e:
         raise _fail(str(e), 1) from e
     table = Table(title="KernelFleet kernel catalog")
-    for col in ("name", "dtypes", "description", "shape"):
+    table.add_column("name", no_wrap=True)
+    for col in ("dtypes", "description", "shape"):
         table.add_column(col)
     for spec in sorted(specs, key=lambda s: s.name):
         table.add_row(spec.name, ", ".join(spec.dtypes), spec.description, spec.shape_doc)
