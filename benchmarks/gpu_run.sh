@@ -4,7 +4,9 @@
 # Order = priority: kernel table, search efficiency, repeatability, then profile data until time is up.
 set -u
 OUT="${OUT:-benchmarks/results/new}"; mkdir -p "$OUT"
-TAG="${TAG:-h100}"
+# file prefix from the card actually used (h100, h200, ...): numbers are named after the machine that made them
+TAG="${TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oi 'h[0-9]\{3\}' | tr 'A-Z' 'a-z')}"
+TAG="${TAG:-gpu}"
 mkdir -p /tmp/kf/kernelfleet && cp -r kernels worker /tmp/kf/kernelfleet/
 export PYTHONPATH="/tmp/kf${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 MLX_ENABLE_CACHE_THRASHING_CHECK=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | head -2
