@@ -26,8 +26,8 @@ Name = Annotated[str | None, Query(max_length=128)]
 ACTIVE = (RegressionStatus.open, RegressionStatus.confirming)
 STATUS_CHOICES = ("active", "open", "confirming", "acknowledged", "dismissed", "all")
 PAGE = 20
-# The acknowledge action posts here (kernelfleet.web.acknowledge); the token travels in a header.
-ACK_URL = "/regressions/{id}/acknowledge"
+# The acknowledge action posts to the regressions API; the admin token travels in a header.
+ACK_URL = "/api/v1/regressions/{id}/acknowledge"
 
 
 @dataclass

@@ -15,7 +15,6 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 from kernelfleet.service.auth import is_admin_token
 from kernelfleet.service.deps import ADMIN_COOKIE, SettingsDep
 from kernelfleet.web import (
-    acknowledge,
     campaigns,
     chip,
     chips,
@@ -86,6 +85,5 @@ def logout() -> Response:
     return response
 
 
-router.include_router(acknowledge.router)  # JSON errors: a plain route, not HtmlErrorRoute
 for _module in (fleet, chips, chip, kernel, compare, regressions, campaigns, profiles, runs):
     router.include_router(_module.router)

@@ -2,9 +2,10 @@
 
 Three chips, two MLX versions, two kernels x two shapes x two dtypes, four runs per series, all
 posted by enrolled workers that lease campaign jobs; plus a dead job with its failure message, a
-job still leased, a revoked worker, and regressions rows (the one table written directly, until
-the regressions API exists). Everything posted is recorded in :class:`Filled` so tests compare the
-pages with what went in, not with what the pages' own queries return.
+job still leased, a revoked worker, and regressions rows (the one table written directly: the API
+only reads and acknowledges them; the detector writes them). Everything posted is recorded in
+:class:`Filled` so tests compare the pages with what went in, not with what the pages' own
+queries return.
 """
 
 from __future__ import annotations

@@ -410,7 +410,7 @@ def test_acknowledge_needs_the_admin_token(browser: Any, site: Filled, shots: Pa
     form.locator("button").click()
     page.page.wait_for_function("() => document.querySelector('.ack-result').innerText.includes('invalid')")
     with httpx.Client(base_url=site.url, timeout=30) as client:
-        assert client.post(f"/regressions/{rid}/acknowledge", json={}).status_code == 401
+        assert client.post(f"/api/v1/regressions/{rid}/acknowledge", json={}).status_code == 401
         assert client.get(f"/regressions/{rid}").text.count('data-status="open"') == 1  # nothing changed
     form.locator("input[name=token]").fill(site.coordinator.admin_token)
     with page.page.expect_navigation():
@@ -425,7 +425,7 @@ def test_acknowledge_needs_the_admin_token(browser: Any, site: Filled, shots: Pa
     page.page.close()
     with httpx.Client(base_url=site.url, timeout=30) as client:
         again = client.post(
-            f"/regressions/{rid}/acknowledge",
+            f"/api/v1/regressions/{rid}/acknowledge",
             json={},
             headers={"Authorization": f"Bearer {site.coordinator.admin_token}"},
         )

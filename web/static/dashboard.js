@@ -30,6 +30,7 @@
         ev.preventDefault();
         var token = form.querySelector("input[name=token]").value.trim();
         var note = form.querySelector("input[name=note]").value;
+        var group = form.querySelector("input[name=whole_group]");
         var out = form.querySelector(".ack-result");
         var saved = window.sessionStorage.getItem("kernelfleet-admin-token");
         if (!token && saved) token = saved;
@@ -37,12 +38,13 @@
         fetch(form.getAttribute("data-url"), {
           method: "POST",
           headers: { "Authorization": "Bearer " + token, "Content-Type": "application/json" },
-          body: JSON.stringify(note ? { note: note } : {}),
+          body: JSON.stringify({ note: note || null, whole_group: !!(group && group.checked) }),
         }).then(function (resp) {
           return resp.json().catch(function () { return {}; }).then(function (body) {
             if (resp.ok) {
               window.sessionStorage.setItem("kernelfleet-admin-token", token);
-              out.textContent = "Acknowledged.";
+              var n = (body && body.acknowledged) ? body.acknowledged.length : 1;
+              out.textContent = "Acknowledged " + n + (n === 1 ? " regression." : " regressions.");
               out.className = "ack-result flash good";
               window.setTimeout(function () { window.location.reload(); }, 400);
             } else {
