@@ -56,10 +56,15 @@ def bias_gelu(x: mx.array, bias: mx.array) -> mx.array:
     return dispatch("bias_gelu", [x, bias], _rows(x))[0]
 
 
-def rope(x: mx.array, offset: int = 0, base: float = 10000.0) -> mx.array:
-    """Rotary embedding of the whole last dim (non-traditional, half split); positions along axis -2."""
+def rope(x: mx.array, offset: int | mx.array = 0, base: float = 10000.0) -> mx.array:
+    """Rotary embedding of the whole last dim (non-traditional, half split); positions along axis -2
+    start at ``offset`` (an int or a scalar int array)."""
     shape = (prod(x.shape[:-2]), int(x.shape[-2]), int(x.shape[-1]))
-    return dispatch("rope", [x], shape, offset=int(offset), base=float(base))[0]
+    if isinstance(offset, mx.array):
+        off = offset.astype(mx.int32).reshape(1)
+    else:
+        off = mx.array([int(offset)], mx.int32)
+    return dispatch("rope", [x, off], shape, base=float(base))[0]
 
 
 def topk_gating_softmax(logits: mx.array, k: int = 2) -> tuple[mx.array, mx.array]:

@@ -1,0 +1,73 @@
+"""The elementwise family (swiglu, geglu, bias+gelu): shared parameter space and geometry.
+
+Inputs are ``rows x D``; a group of ``tg`` threads handles ``tg * ipt`` consecutive vectors of
+``vec`` elements (step ``k`` of thread ``t`` takes vector ``group * tg * ipt + k * tg + t``, so
+each step is one coalesced sweep). Axes: ``tg`` 64..1024, ``vec`` 1/2/4/8 (at most 16 bytes),
+``ipt`` 1/2/4 vectors per thread; constraint ``D % vec == 0`` (a vector never crosses a row).
+
+Dialect snippet :data:`INDEX` defines ``base`` (first vector of this thread) and the loop bound
+``nvec`` from the first input's row count (``a_shape[0]``; inputs are named ``a``, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import mlx.core as mx
+
+from .common import ITEMSIZE, ceil_div, mx_dtype
+from .launch import KernelSource, Launch, run
+from .spec import BadShape, Config, GpuBackend
+
+TGS = (64, 128, 256, 512, 1024)
+VECS = (1, 2, 4, 8)
+IPTS = (1, 2, 4)
+
+INDEX = r"""
+  const KF_SIZE nvec = KF_SIZE(a_shape[0]) * (D / V);
+  const KF_SIZE base = KF_SIZE(KF_GROUP) * (TG * IPT) + KF_TID;
+"""
+
+
+def valid(config: Config, D: int, dtype: str) -> bool:
+    try:
+        tg, vec, ipt = int(config["tg"]), int(config["vec"]), int(config["ipt"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    return (set(config) == {"tg", "vec", "ipt"} and tg in TGS and vec in VECS and ipt in IPTS
+            and D % vec == 0 and vec * ITEMSIZE[dtype] <= 16)
+
+
+def space(D: int, dtype: str) -> list[Config]:
+    return [c for vec in VECS for tg in TGS for ipt in IPTS
+            if valid(c := {"tg": tg, "vec": vec, "ipt": ipt}, D, dtype)]
+
+
+def default_config(D: int, dtype: str) -> Config:
+    """Widest vectors, 128 threads, one vector per thread (fastest on an H200 for bf16 16384x8192)."""
+    vec = max(v for v in VECS if D % v == 0 and v * ITEMSIZE[dtype] <= 16)
+    return {"tg": 128, "vec": vec, "ipt": 1}
+
+
+def check_cols(D: int) -> None:
+    if D < 8:
+        raise BadShape(f"last dimension {D} is too small for the elementwise kernels (need >= 8)")
+
+
+def launch_for(config: Config, rows: int, D: int, dtype: str) -> Launch:
+    tg, vec, ipt = int(config["tg"]), int(config["vec"]), int(config["ipt"])
+    groups = max(1, ceil_div(rows * D // vec, tg * ipt))
+    template = (("T", mx_dtype(dtype)), ("D", D), ("V", vec), ("TG", tg), ("IPT", ipt))
+    return Launch(grid=(groups * tg, 1, 1), threadgroup=(tg, 1, 1), template=template)
+
+
+def run_elementwise(src: KernelSource, backend: GpuBackend, config: Config, dtype: str,
+                    row_inputs: Sequence[mx.array], other_inputs: Sequence[mx.array]) -> list[mx.array]:
+    """``row_inputs`` (..., D) arrays flattened to (rows, D); one output shaped like the first."""
+    x = row_inputs[0]
+    D = int(x.shape[-1])
+    flat = [a.reshape(-1, D) for a in row_inputs]
+    rows = int(flat[0].shape[0])
+    launch = launch_for(config, rows, D, dtype)
+    (out,) = run(src, backend, [*flat, *other_inputs], launch, [(rows, D)], [x.dtype])
+    return [out.reshape(x.shape)]

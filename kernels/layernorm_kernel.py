@@ -1,0 +1,115 @@
+"""LayerNorm over the last dimension: ``(x - mean) * rsqrt(var + eps) * w + b``.
+
+Shape ``rows x D``. Built-in: ``mx.fast.layer_norm``. Two-pass statistics over the row held in
+registers (mean, then the centred sum of squares), so no cancellation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import mlx.core as mx
+
+from . import rowwise
+from .common import DTYPES, ITEMSIZE, TOLERANCES, need_rank, normal
+from .dialect import float_literal, source_version
+from .launch import KernelSource
+from .spec import Config, GpuBackend, KernelFn, KernelSpec, Shape
+
+EPS = 1e-5
+
+BODY = rowwise.LOAD_ROW + r"""
+  KF_SHARED float red_a[32];
+  KF_SHARED float red_b[32];
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < NITER * V; ++i) {
+    s += xv[i];
+  }
+  const float mean = kf_row_sum(s, red_a, KF_LANE, KF_WARP, TPR / 32) / float(D);
+  float q = 0.0f;
+#pragma unroll
+  for (int it = 0; it < NITER; ++it) {
+    if (it * TPR + t < D / V) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float c = xv[it * V + k] - mean;
+        q += c * c;
+      }
+    }
+  }
+  const float rstd = KF_RSQRT(kf_row_sum(q, red_b, KF_LANE, KF_WARP, TPR / 32) / float(D) + ${EPS});
+  if (valid) {
+#pragma unroll
+    for (int it = 0; it < NITER; ++it) {
+      const unsigned j = it * TPR + t;
+      if (j < D / V) {
+        kf_vec<T, V> wv = kf_vload<V>(w, j);
+        kf_vec<T, V> bv = kf_vload<V>(b, j);
+        kf_vec<T, V> o;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          o.v[k] = T((xv[it * V + k] - mean) * rstd * float(wv.v[k]) + float(bv.v[k]));
+        }
+        kf_vstore<V>(out + row * D, j, o);
+      }
+    }
+  }
+"""
+
+
+def source(eps: float = EPS) -> KernelSource:
+    return KernelSource("layernorm", BODY, ("x", "w", "b"), ("out",), (("EPS", float_literal(eps)),))
+
+
+def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str, eps: float = EPS) -> KernelFn:
+    src = source(eps)
+
+    def fn(inputs: Sequence[mx.array]) -> list[mx.array]:
+        x, w, b = inputs
+        return rowwise.run_rows(src, backend, config, dtype, [x], [w, b], ["row"])
+
+    return fn
+
+
+def reference(inputs: Sequence[mx.array], eps: float = EPS) -> list[mx.array]:
+    x, w, b = (a.astype(mx.float32) for a in inputs)
+    mean = mx.mean(x, axis=-1, keepdims=True)
+    var = mx.mean(mx.square(x - mean), axis=-1, keepdims=True)
+    return [(x - mean) * mx.rsqrt(var + eps) * w + b]
+
+
+def builtin(inputs: Sequence[mx.array], eps: float = EPS) -> list[mx.array]:
+    x, w, b = inputs
+    return [mx.fast.layer_norm(x, w, b, eps)]
+
+
+def make_inputs(shape: Shape, dtype: str, seed: int) -> list[mx.array]:
+    _check(shape)
+    return [normal(shape, dtype, seed, 0, loc=0.5), normal(shape[-1:], dtype, seed, 1, scale=0.5, loc=1.0),
+            normal(shape[-1:], dtype, seed, 2, scale=0.2)]
+
+
+def _check(shape: Shape) -> None:
+    need_rank("layernorm", shape, 2, "rows x D")
+    rowwise.check_row(shape[-1], "float32")
+
+
+SPEC = KernelSpec(
+    name="layernorm",
+    description="LayerNorm over the last dim with weight and bias (eps=1e-5)",
+    dtypes=DTYPES,
+    shape_doc="rows x D",
+    shapes={"decode": [(1, 4096), (32, 4096)], "large": [(16384, 8192), (4096, 4096)]},
+    make_inputs=make_inputs,
+    reference=reference,
+    builtin=builtin,
+    space=lambda shape, dtype: rowwise.space(shape[-1], dtype),
+    build=make,
+    tolerances=TOLERANCES,
+    bytes_moved=lambda shape, dtype: (2 * shape[0] * shape[1] + 2 * shape[1]) * ITEMSIZE[dtype],
+    version=source_version(__file__, rowwise.__file__),
+    validate_shape=_check,
+    test_shapes=[(19, 1024)],
+    default=lambda shape, dtype: rowwise.default_config(shape[-1], dtype),
+)

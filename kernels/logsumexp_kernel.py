@@ -1,0 +1,96 @@
+"""log(sum(exp(x))) over the last dimension. Shape ``rows x D`` -> ``rows``.
+
+Built-in: ``mx.logsumexp(x, axis=-1)``. One read of the row: max, then the sum of exponentials
+from registers; thread 0 of each row writes the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import mlx.core as mx
+
+from . import rowwise
+from .common import DTYPES, ITEMSIZE, TOLERANCES, need_rank, normal
+from .dialect import source_version
+from .launch import KernelSource
+from .spec import Config, GpuBackend, KernelFn, KernelSpec, Shape
+
+BODY = rowwise.LOAD_ROW + r"""
+  KF_SHARED float red_a[32];
+  KF_SHARED float red_b[32];
+  float m = -KF_INF;
+#pragma unroll
+  for (int it = 0; it < NITER; ++it) {
+    if (it * TPR + t < D / V) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        m = KF_FMAX(m, xv[it * V + k]);
+      }
+    }
+  }
+  m = kf_row_max(m, red_a, KF_LANE, KF_WARP, TPR / 32);
+  float s = 0.0f;
+#pragma unroll
+  for (int it = 0; it < NITER; ++it) {
+    if (it * TPR + t < D / V) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        s += KF_EXP(xv[it * V + k] - m);
+      }
+    }
+  }
+  s = kf_row_sum(s, red_b, KF_LANE, KF_WARP, TPR / 32);
+  if (valid && t == 0) {
+    out[row] = T(m + KF_LOG(s));
+  }
+"""
+
+SOURCE = KernelSource("logsumexp", BODY, ("x",), ("out",))
+
+
+def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str) -> KernelFn:
+    def fn(inputs: Sequence[mx.array]) -> list[mx.array]:
+        return rowwise.run_rows(SOURCE, backend, config, dtype, [inputs[0]], [], ["scalar"])
+
+    return fn
+
+
+def reference(inputs: Sequence[mx.array]) -> list[mx.array]:
+    x = inputs[0].astype(mx.float32)
+    m = mx.max(x, axis=-1, keepdims=True)
+    return [(m + mx.log(mx.sum(mx.exp(x - m), axis=-1, keepdims=True))).squeeze(-1)]
+
+
+def builtin(inputs: Sequence[mx.array]) -> list[mx.array]:
+    return [mx.logsumexp(inputs[0], axis=-1)]
+
+
+def make_inputs(shape: Shape, dtype: str, seed: int) -> list[mx.array]:
+    _check(shape)
+    return [normal(shape, dtype, seed, 0, scale=2.0)]
+
+
+def _check(shape: Shape) -> None:
+    need_rank("logsumexp", shape, 2, "rows x D")
+    rowwise.check_row(shape[-1], "float32")
+
+
+SPEC = KernelSpec(
+    name="logsumexp",
+    description="logsumexp over the last dim (one value per row)",
+    dtypes=DTYPES,
+    shape_doc="rows x D",
+    shapes={"decode": [(1, 4096), (32, 4096)], "large": [(16384, 8192), (4096, 4096)]},
+    make_inputs=make_inputs,
+    reference=reference,
+    builtin=builtin,
+    space=lambda shape, dtype: rowwise.space(shape[-1], dtype),
+    build=make,
+    tolerances=TOLERANCES,
+    bytes_moved=lambda shape, dtype: (shape[0] * shape[1] + shape[0]) * ITEMSIZE[dtype],
+    version=source_version(__file__, rowwise.__file__),
+    validate_shape=_check,
+    test_shapes=[(19, 1024)],
+    default=lambda shape, dtype: rowwise.default_config(shape[-1], dtype),
+)

@@ -1,0 +1,145 @@
+"""Rotary position embedding (non-traditional / half-split, whole head dim rotated).
+
+Shape ``H x L x Dh`` (H = batch * heads, L positions, head dim Dh, default 128). Inputs:
+``x`` and a 1-element int32 ``offset`` (the position of the first row; an array so decoding does
+not recompile per step). For position ``p = l + offset`` and pair ``i < Dh/2``:
+``theta = p * base^(-2i/Dh)``; ``out[i] = x[i] cos - x[i + Dh/2] sin``,
+``out[i + Dh/2] = x[i + Dh/2] cos + x[i] sin``. Built-in: ``mx.fast.rope``.
+
+Angles are float32 on every path (built-in included), so float32 results carry an absolute error
+of about ``p * 1e-7``; the float32 tolerance allows for positions up to a few thousand.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from . import elementwise
+from .common import DTYPES, ITEMSIZE, TOLERANCES, ceil_div, mx_dtype, need_rank, normal
+from .dialect import float_literal, source_version
+from .launch import KernelSource, Launch, run
+from .spec import BadShape, Config, GpuBackend, KernelFn, KernelSpec, Shape, Tolerance
+
+BASE = 10000.0
+TEST_OFFSET = 5
+
+# Vector i covers pairs [pv*V, pv*V+V) of row r = i / (HALF/V); the row's position is r % L.
+BODY = r"""
+  const KF_SIZE nvec = KF_SIZE(x_shape[0]) * KF_SIZE(x_shape[1]) * (HALF / V);
+  const KF_SIZE base = KF_SIZE(KF_GROUP) * (TG * IPT) + KF_TID;
+  const KF_SIZE seq = KF_SIZE(x_shape[1]);
+  const float pos0 = float(off[0]);
+#pragma unroll
+  for (int s = 0; s < IPT; ++s) {
+    const KF_SIZE i = base + KF_SIZE(s) * TG;
+    if (i < nvec) {
+      const KF_SIZE r = i / (HALF / V);
+      const unsigned pv = unsigned(i % (HALF / V));
+      const float p = pos0 + float(r % seq);
+      const KF_SIZE lo = r * (2 * HALF) / V + pv;
+      kf_vec<T, V> a = kf_vload<V>(x, lo);
+      kf_vec<T, V> b = kf_vload<V>(x, lo + HALF / V);
+      kf_vec<T, V> oa;
+      kf_vec<T, V> ob;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float inv_freq = KF_EXP(float(pv * V + k) * ${NEG_LOG_BASE_OVER_HALF});
+        const float theta = p * inv_freq;
+        const float c = KF_COS(theta);
+        const float sn = KF_SIN(theta);
+        const float xa = float(a.v[k]);
+        const float xb = float(b.v[k]);
+        oa.v[k] = T(xa * c - xb * sn);
+        ob.v[k] = T(xb * c + xa * sn);
+      }
+      kf_vstore<V>(out, lo, oa);
+      kf_vstore<V>(out, lo + HALF / V, ob);
+    }
+  }
+"""
+
+
+def source(half: int, base: float = BASE) -> KernelSource:
+    return KernelSource("rope", BODY, ("x", "off"), ("out",),
+                        (("NEG_LOG_BASE_OVER_HALF", float_literal(-math.log(base) / half)),))
+
+
+def space(shape: Shape, dtype: str) -> list[Config]:
+    half = shape[-1] // 2
+    return elementwise.space(half, dtype)
+
+
+def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str, base: float = BASE) -> KernelFn:
+    Dh = shape[-1]
+    half = Dh // 2
+    src = source(half, base)
+    tg, vec, ipt = int(config["tg"]), int(config["vec"]), int(config["ipt"])
+
+    def fn(inputs: Sequence[mx.array]) -> list[mx.array]:
+        x, off = inputs
+        lead = tuple(x.shape)
+        x3 = x.reshape(-1, x.shape[-2], Dh)
+        nvec = int(x3.shape[0]) * int(x3.shape[1]) * half // vec
+        groups = max(1, ceil_div(nvec, tg * ipt))
+        template = (("T", mx_dtype(dtype)), ("HALF", half), ("V", vec), ("TG", tg), ("IPT", ipt))
+        launch = Launch((groups * tg, 1, 1), (tg, 1, 1), template)
+        (out,) = run(src, backend, [x3, off.astype(mx.int32).reshape(1)], launch, [x3.shape], [x.dtype])
+        return [out.reshape(lead)]
+
+    return fn
+
+
+def reference(inputs: Sequence[mx.array], base: float = BASE) -> list[mx.array]:
+    x, off = inputs
+    L, Dh = int(x.shape[-2]), int(x.shape[-1])
+    pos = np.arange(L, dtype=np.float64) + float(np.asarray(off).reshape(-1)[0])
+    theta = pos[:, None] * base ** (-np.arange(Dh // 2, dtype=np.float64) * 2.0 / Dh)[None, :]
+    c = mx.array(np.cos(theta).astype(np.float32))
+    s = mx.array(np.sin(theta).astype(np.float32))
+    xf = x.astype(mx.float32)
+    x1, x2 = xf[..., : Dh // 2], xf[..., Dh // 2:]
+    return [mx.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)]
+
+
+def builtin(inputs: Sequence[mx.array], base: float = BASE) -> list[mx.array]:
+    x, off = inputs
+    return [mx.fast.rope(x, int(x.shape[-1]), traditional=False, base=base, scale=1.0,
+                         offset=off.reshape(()).astype(mx.int32))]
+
+
+def make_inputs(shape: Shape, dtype: str, seed: int) -> list[mx.array]:
+    _check(shape)
+    return [normal(shape, dtype, seed, 0), mx.array([TEST_OFFSET], dtype=mx.int32)]
+
+
+def _check(shape: Shape) -> None:
+    need_rank("rope", shape, 3, "heads x positions x head_dim")
+    if shape[-1] % 2 or shape[-1] < 16:
+        raise BadShape(f"rope: head dim must be even and >= 16, got {shape[-1]}")
+
+
+TOLS = dict(TOLERANCES)
+TOLS["float32"] = Tolerance(atol=1e-3, rtol=1e-3)
+
+SPEC = KernelSpec(
+    name="rope",
+    description="rotary embedding, half-split, base 10000, whole head dim (offset input)",
+    dtypes=DTYPES,
+    shape_doc="heads x positions x head_dim",
+    shapes={"decode": [(32, 1, 128), (32, 32, 128)], "large": [(512, 2048, 128), (32, 4096, 128)]},
+    make_inputs=make_inputs,
+    reference=reference,
+    builtin=builtin,
+    space=space,
+    build=make,
+    tolerances=TOLS,
+    bytes_moved=lambda shape, dtype: 2 * shape[0] * shape[1] * shape[2] * ITEMSIZE[dtype],
+    version=source_version(__file__, elementwise.__file__),
+    validate_shape=_check,
+    test_shapes=[(6, 37, 128)],
+    default=lambda shape, dtype: elementwise.default_config(shape[-1] // 2, dtype),
+)

@@ -1,0 +1,108 @@
+"""Softmax over the last dimension. Shape ``rows x D``. Built-in: ``mx.softmax(x, axis=-1, precise=True)``
+(MLX's default accumulates half types in half and misses the tolerance).
+
+The row stays in registers: max (warp shuffles + one exchange), exponentials, sum, scale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import mlx.core as mx
+
+from . import rowwise
+from .common import DTYPES, ITEMSIZE, TOLERANCES, need_rank, normal
+from .dialect import source_version
+from .launch import KernelSource
+from .spec import Config, GpuBackend, KernelFn, KernelSpec, Shape
+
+BODY = rowwise.LOAD_ROW + r"""
+  KF_SHARED float red_a[32];
+  KF_SHARED float red_b[32];
+  float m = -KF_INF;
+#pragma unroll
+  for (int it = 0; it < NITER; ++it) {
+    if (it * TPR + t < D / V) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        m = KF_FMAX(m, xv[it * V + k]);
+      }
+    }
+  }
+  m = kf_row_max(m, red_a, KF_LANE, KF_WARP, TPR / 32);
+  float s = 0.0f;
+#pragma unroll
+  for (int it = 0; it < NITER; ++it) {
+    if (it * TPR + t < D / V) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        xv[it * V + k] = KF_EXP(xv[it * V + k] - m);
+        s += xv[it * V + k];
+      }
+    }
+  }
+  const float inv = 1.0f / kf_row_sum(s, red_b, KF_LANE, KF_WARP, TPR / 32);
+  if (valid) {
+#pragma unroll
+    for (int it = 0; it < NITER; ++it) {
+      const unsigned j = it * TPR + t;
+      if (j < D / V) {
+        kf_vec<T, V> o;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          o.v[k] = T(xv[it * V + k] * inv);
+        }
+        kf_vstore<V>(out + row * D, j, o);
+      }
+    }
+  }
+"""
+
+SOURCE = KernelSource("softmax", BODY, ("x",), ("out",))
+
+
+def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str) -> KernelFn:
+    def fn(inputs: Sequence[mx.array]) -> list[mx.array]:
+        return rowwise.run_rows(SOURCE, backend, config, dtype, [inputs[0]], [], ["row"])
+
+    return fn
+
+
+def reference(inputs: Sequence[mx.array]) -> list[mx.array]:
+    x = inputs[0].astype(mx.float32)
+    e = mx.exp(x - mx.max(x, axis=-1, keepdims=True))
+    return [e / mx.sum(e, axis=-1, keepdims=True)]
+
+
+def builtin(inputs: Sequence[mx.array]) -> list[mx.array]:
+    return [mx.softmax(inputs[0], axis=-1, precise=True)]
+
+
+def make_inputs(shape: Shape, dtype: str, seed: int) -> list[mx.array]:
+    _check(shape)
+    return [normal(shape, dtype, seed, 0, scale=2.0)]
+
+
+def _check(shape: Shape) -> None:
+    need_rank("softmax", shape, 2, "rows x D")
+    rowwise.check_row(shape[-1], "float32")
+
+
+SPEC = KernelSpec(
+    name="softmax",
+    description="softmax over the last dim",
+    dtypes=DTYPES,
+    shape_doc="rows x D",
+    shapes={"decode": [(1, 4096), (32, 4096)], "large": [(16384, 8192), (4096, 4096)]},
+    make_inputs=make_inputs,
+    reference=reference,
+    builtin=builtin,
+    space=lambda shape, dtype: rowwise.space(shape[-1], dtype),
+    build=make,
+    tolerances=TOLERANCES,
+    bytes_moved=lambda shape, dtype: 2 * shape[0] * shape[1] * ITEMSIZE[dtype],
+    version=source_version(__file__, rowwise.__file__),
+    validate_shape=_check,
+    test_shapes=[(19, 1024)],
+    default=lambda shape, dtype: rowwise.default_config(shape[-1], dtype),
+)
