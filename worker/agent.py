@@ -38,36 +38,17 @@ from kernelfleet.worker.client import (
     Unauthorized,
     Unreachable,
 )
-from kernelfleet.worker.spool import SpoolRecord
-from kernelfleet.worker.state import Credentials, WorkerState
+from kernelfleet.worker.enrollment import AgentError, WorkerRevoked, authenticate, connect, machine_info
+from kernelfleet.worker.spool import SpoolError, SpoolRecord
+from kernelfleet.worker.state import StateError, WorkerState
 
 logger = logging.getLogger(__name__)
 
 TuneFn = Callable[..., dict[str, Any]]
 ACKED, QUARANTINED, UNREACHABLE = "acked", "quarantined", "unreachable"
+# "confirm": a re-run the regression detector asks for on the same chip; it is tuned and reported alike
+TUNING_KINDS = ("tune", "confirm")
 JobLine = Callable[[Lease, "JobOutcome"], None]
-
-
-class AgentError(Exception):
-    """The agent cannot go on; the message says why and what to do. ``exit_code`` for the CLI."""
-
-    exit_code = 1
-
-
-class CannotConnect(AgentError):
-    exit_code = 3
-
-
-class NotEnrolled(AgentError):
-    exit_code = 3
-
-
-class EnrollmentRefused(AgentError):
-    exit_code = 4
-
-
-class WorkerRevoked(AgentError):
-    exit_code = 4
 
 
 class _Abandon(BaseException):
@@ -126,17 +107,6 @@ def _load_tune() -> TuneFn:
     return tune
 
 
-def _machine_info(name: str | None) -> dict[str, Any]:
-    import socket
-
-    from kernelfleet.worker.chip import detect_chip
-
-    chip = detect_chip()
-    return {"name": name or socket.gethostname(), "chip": chip.name, "backend": chip.backend,
-            "gpu_cores": chip.gpu_cores, "memory_bytes": chip.memory_bytes, "os": chip.os,
-            "mlx_version": chip.mlx_version, "driver": chip.driver}
-
-
 def speedup(report: dict[str, Any]) -> float | None:
     """The built-in's median over the best config's median, from a tuning report."""
     trials = {t.get("config_key"): t for t in report.get("trials", [])}
@@ -148,7 +118,7 @@ def speedup(report: dict[str, Any]) -> float | None:
 
 class Agent:
     def __init__(self, config: AgentConfig, *, tune: TuneFn | None = None,
-                 machine_info: Callable[[str | None], dict[str, Any]] = _machine_info,
+                 machine_info: Callable[[str | None], dict[str, Any]] = machine_info,
                  on_job: JobLine | None = None) -> None:
         self.config = config
         self.state = config.state
@@ -180,60 +150,11 @@ class Agent:
     # ------------------------------------------------------------------ start-up
 
     def connect(self) -> None:
-        """Check that the URL is a KernelFleet coordinator (waiting a little for one that starts)."""
-        deadline = time.monotonic() + self.config.startup_wait_seconds
-        while True:
-            try:
-                self.client.health()
-                return
-            except NotACoordinator as e:
-                raise CannotConnect(f"{e}. Check --coordinator (expected e.g. http://HOST:8600).") from e
-            except Unreachable as e:
-                if time.monotonic() >= deadline or self.stop_event.is_set():
-                    raise CannotConnect(f"{e}. Is the coordinator running, and is --coordinator "
-                                        f"{self.config.coordinator} right?") from e
-                self.stop_event.wait(0.5)
+        connect(self.client, self.config.coordinator, self.config.startup_wait_seconds, self.stop_event)
 
     def authenticate(self) -> None:
-        """Use the stored worker token, or enroll with --enroll-token and store the new one (0600)."""
-        creds = self.state.load_credentials()
-        if creds is not None:
-            self.client.token = creds.token
-            try:
-                me = self.client.me()
-                self.worker_id = me.get("id", me.get("worker_id", creds.worker_id))
-                logger.info("using the stored worker token (worker %s) from %s", self.worker_id,
-                            self.state.token_path)
-                return
-            except Unauthorized as e:
-                if not self.config.enroll_token:
-                    raise WorkerRevoked(
-                        f"the coordinator refused this worker's stored token ({e.detail}). The worker was "
-                        f"revoked or the coordinator's database was replaced; enroll again with "
-                        f"--enroll-token (from `kernelfleet admin enroll-token`).") from e
-                logger.warning("the stored worker token was refused (%s); enrolling again", e.detail)
-            except Unreachable as e:
-                raise CannotConnect(str(e)) from e
-            except CoordinatorError as e:
-                raise CannotConnect(f"cannot check this worker's identity: {e}") from e
-        if not self.config.enroll_token:
-            raise NotEnrolled(f"this worker is not enrolled yet (no token in {self.state.root}): pass "
-                              "--enroll-token (an admin mints one with `kernelfleet admin enroll-token`).")
-        info = self._machine_info(self.config.name)
-        try:
-            enrollment = self.client.enroll(self.config.enroll_token, info)
-        except (Unauthorized, LeaseConflict) as e:
-            raise EnrollmentRefused(f"the enrollment token was refused: {e.detail}") from e
-        except Rejected as e:
-            raise EnrollmentRefused(f"enrollment was refused: {e.detail}") from e
-        except Unreachable as e:
-            raise CannotConnect(str(e)) from e
-        self.client.token = enrollment.token
-        self.worker_id = enrollment.worker_id
-        self.state.save_credentials(Credentials(token=enrollment.token, worker_id=enrollment.worker_id,
-                                                coordinator=self.config.coordinator))
-        logger.info("enrolled as worker %s (%s, %s on %s); token stored in %s", enrollment.worker_id,
-                    info["name"], info["chip"], info["backend"], self.state.token_path)
+        self.worker_id = authenticate(self.client, self.state, self.config.coordinator,
+                                      self.config.enroll_token, lambda: self._machine_info(self.config.name))
 
     # ------------------------------------------------------------------ the loop
 
@@ -246,26 +167,14 @@ class Agent:
             if replayed:
                 logger.info("replaying %d spooled message(s) from %s", len(replayed), self.spool.pending_dir)
             while not self.stop_event.is_set():
-                if len(self.spool):
-                    if not self.drain():
-                        self._wait_backoff("coordinator unreachable; holding spooled results")
-                    continue
-                if self.config.max_jobs is not None and self.jobs_run >= self.config.max_jobs:
-                    logger.info("ran %d job(s) (--max-jobs); exiting", self.jobs_run)
-                    break
                 try:
-                    lease = self.client.lease()
-                except Unauthorized as e:
-                    raise self._revoked(e.detail) from e
-                except CoordinatorError as e:
-                    self._wait_backoff(f"cannot lease: {e}")
-                    continue
-                self.backoff.reset()
-                if lease is None:
-                    self.stop_event.wait(self.config.poll_seconds * (0.75 + 0.5 * _jitter()))
-                    continue
-                self.jobs_run += 1
-                self.run_job(lease)
+                    if not self._step():
+                        break
+                except (AgentError, SpoolError, StateError):
+                    raise
+                except Exception:  # noqa: BLE001 - the loop's boundary: log it, back off, carry on
+                    logger.exception("unexpected error in the worker loop")
+                    self._wait_backoff("unexpected error")
             if len(self.spool):  # stopping: one last try, the rest waits on disk for the next start
                 self.drain()
                 if len(self.spool):
@@ -274,9 +183,37 @@ class Agent:
         finally:
             self.client.close()
 
+    def _step(self) -> bool:
+        """One turn of the loop: deliver the spool, or lease and run one job. False: time to exit."""
+        if len(self.spool):
+            if not self.drain():
+                self._wait_backoff("coordinator unreachable; holding spooled results, leasing nothing new")
+            return True
+        if self.config.max_jobs is not None and self.jobs_run >= self.config.max_jobs:
+            logger.info("ran %d job(s) (--max-jobs); exiting", self.jobs_run)
+            return False
+        try:
+            lease = self.client.lease()
+        except Unauthorized as e:
+            raise self._revoked(e.detail) from e
+        except CoordinatorError as e:
+            self._wait_backoff(f"cannot lease: {e}")
+            return True
+        self.backoff.reset()
+        if lease is None:
+            self.stop_event.wait(self.config.poll_seconds * (0.75 + 0.5 * _jitter()))
+            return True
+        if self.stop_event.is_set():  # the stop signal came while the lease was on its way
+            self._release(_JobRun(lease))
+            return False
+        self.jobs_run += 1
+        self.run_job(lease)
+        return True
+
     def _wait_backoff(self, why: str) -> None:
-        delay = self.backoff.wait(self.stop_event)
+        delay = self.backoff.next_delay()
         logger.warning("%s; retrying in %.1fs", why, delay)
+        self.stop_event.wait(delay)
 
     def _revoked(self, detail: str | None) -> WorkerRevoked:
         return WorkerRevoked(f"the coordinator no longer accepts this worker ({detail}); it was probably "
@@ -332,7 +269,7 @@ class Agent:
 
     def _tune_and_report(self, run: _JobRun) -> JobOutcome:
         lease = run.lease
-        if lease.kind != "tune":
+        if lease.kind not in TUNING_KINDS:
             return self._report_failure(run, f"this worker cannot run jobs of kind {lease.kind!r}")
 
         def progress(*_args: Any, **_kwargs: Any) -> None:

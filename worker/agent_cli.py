@@ -15,8 +15,9 @@ from types import FrameType
 from typing import Annotated
 
 import typer
-from kernelfleet.worker.agent import Agent, AgentConfig, AgentError, JobOutcome, speedup
+from kernelfleet.worker.agent import Agent, AgentConfig, JobOutcome, speedup
 from kernelfleet.worker.client import Lease
+from kernelfleet.worker.enrollment import AgentError
 from kernelfleet.worker.spool import SpoolError
 from kernelfleet.worker.state import StateError, WorkerState, default_state_dir
 from rich.console import Console
