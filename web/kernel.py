@@ -97,7 +97,8 @@ def kernel_page(
         if chosen_runs
         else None
     )
-    drift = _drift(session, kernel, latest)
+    drift = _drift(session, kernel, [r for r in latest if dtype is None or r.dtype == dtype])
+    drift.sort(key=lambda d: not d.drift.beyond)  # drifting pairs first, the rest in order
     versions = distinct_values(session, Result.mlx_version, Result.kernel == kernel)
     return page(
         request,
