@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from agent_support import (
     create_campaign,
@@ -119,7 +120,7 @@ def test_kill9_mid_job_is_finished_by_another_worker(coordinator_factory: Any, t
             diagnostics=victim.log,
         )
         victim.kill9()
-        assert jobs(coordinator, campaign)[0]["state"] == "leased", "the kill must land mid-job"
+        assert jobs(coordinator, campaign)[0]["state"] != "done", "the kill must land mid-job"
         rescuer = start_worker(
             coordinator.url,
             tmp_path / "rescuer",
@@ -353,3 +354,85 @@ def test_error_exits_are_clear(coordinator: Coordinator, tmp_path: Path, not_a_c
     assert workers(coordinator) == {}
     # a refused enrollment stores nothing
     assert not (tmp_path / "c" / "token").exists()
+
+
+def test_serve_local_worker_enrolls_once_and_reuses_its_token(tmp_path: Path) -> None:
+    """`make run`: `kernelfleet serve --local-worker` starts this agent next to the coordinator."""
+    import os
+    import signal
+    import subprocess
+
+    from conftest import kernelfleet_cmd
+
+    db_url = f"sqlite:///{tmp_path / 'kf.db'}"
+    env = dict(
+        os.environ,
+        KERNELFLEET_DATABASE_URL=db_url,
+        KERNELFLEET_ADMIN_TOKEN="adm-local-test",
+        PYTHONUNBUFFERED="1",
+    )
+    subprocess.run(kernelfleet_cmd("db", "upgrade"), env=env, check=True, capture_output=True)
+    local = Coordinator(db_url=db_url, workdir=tmp_path, admin_token="adm-local-test")
+
+    def serve() -> subprocess.Popen[bytes]:
+        log = open(tmp_path / "serve.log", "ab")  # noqa: SIM115 - lives as long as the process
+        return subprocess.Popen(
+            kernelfleet_cmd("serve", "--port", str(local.port), "--local-worker"),
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def stop(proc: subprocess.Popen[bytes]) -> None:
+        proc.send_signal(signal.SIGINT)  # Ctrl-C in `make run`
+        proc.wait(timeout=60)
+
+    def healthy() -> bool:
+        try:
+            return httpx.get(local.url + "/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    server = serve()
+    try:
+        wait_for(
+            "the coordinator", healthy, timeout=60, diagnostics=lambda: (tmp_path / "serve.log").read_text()
+        )
+        wait_for(
+            "the local worker",
+            lambda: len(workers(local)) == 1,
+            timeout=90,
+            diagnostics=lambda: (tmp_path / "serve.log").read_text(),
+        )
+        campaign = create_campaign(local, ["4x64", "8x128"], ["float32", "float16"])
+        wait_for(
+            "every job done",
+            lambda: _all_done(local, campaign),
+            timeout=90,
+            diagnostics=lambda: (tmp_path / "serve.log").read_text(),
+        )
+    finally:
+        stop(server)
+    token = tmp_path / "local-worker" / "token"
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600
+    first_token = token.read_text()
+
+    server = serve()  # again: the stored token is reused, no second enrollment
+    try:
+        wait_for(
+            "the coordinator", healthy, timeout=60, diagnostics=lambda: (tmp_path / "serve.log").read_text()
+        )
+        campaign = create_campaign(local, ["16x64"], ["float32"])
+        wait_for(
+            "the new job done",
+            lambda: _all_done(local, campaign),
+            timeout=90,
+            diagnostics=lambda: (tmp_path / "serve.log").read_text(),
+        )
+        enrolled = workers(local)
+    finally:
+        stop(server)
+    log = (tmp_path / "serve.log").read_text()
+    assert len(enrolled) == 1 and token.read_text() == first_token
+    assert "using the stored worker token" in log and "Traceback" not in log
+    assert len(results(local)) == 5
