@@ -239,12 +239,24 @@ class Agent:
                                                        f"({e.status}): {e.detail or e}")
             logger.warning("job %s: the coordinator refused the %s (%s: %s); moved it to %s", record.job_id,
                            record.action, e.status, e.detail, where)
+            if record.action == "result" and isinstance(e, Rejected):
+                self._fail_refused(record, e)
             self.backoff.reset()
             return QUARANTINED
         self.spool.ack(record)
         self.backoff.reset()
         logger.debug("job %s: %s acknowledged: %s", record.job_id, record.action, answer)
         return ACKED
+
+    def _fail_refused(self, record: SpoolRecord, e: Rejected) -> None:
+        """The lease is still ours but the report was refused (422, 413): say so at once rather than
+        leave the job leased until its lease runs out (best effort; the quarantine keeps the report)."""
+        error = f"the coordinator refused this worker's report ({e.status}): {e.detail}"
+        try:
+            self.client.post("fail", record.job_id,
+                             {"lease_token": record.lease_token, "error": error[:8000]})
+        except CoordinatorError as fail_error:
+            logger.debug("job %s: could not report the refusal: %s", record.job_id, fail_error)
 
     # ------------------------------------------------------------------ one job
 

@@ -85,6 +85,12 @@ def worker(
 ) -> None:
     """Run a worker agent: enroll (first run), then lease, tune and report jobs until stopped."""
     _setup_logging(verbose)
+    from kernelfleet.worker.search.registry import strategy_names
+
+    if strategy not in strategy_names():  # checked here, or every job it leases would fail
+        console.print(f"[bold red]error:[/] unknown search strategy {strategy!r}; choose one of: "
+                      f"{', '.join(strategy_names())}")
+        raise typer.Exit(2)
     try:
         state = WorkerState(state_dir or default_state_dir())
         state.lock()

@@ -247,12 +247,15 @@ def test_revoked_worker_stops_mid_job_and_says_so(coordinator_factory: Any, tmp_
 
 
 def test_torn_spool_record_is_quarantined_and_the_rest_replayed(
-    coordinator: Coordinator, tmp_path: Path
+    coordinator_factory: Any, tmp_path: Path
 ) -> None:
+    """Replay at start: good records are delivered; a torn record, a stale lease (409) and a refused
+    report (422) go to quarantine with their reasons, and the two refused jobs are run again."""
     from kernelfleet.worker.client import CoordinatorClient
     from kernelfleet.worker.spool import Spool
     from kernelfleet.worker.tuner import tune
 
+    coordinator = coordinator_factory(KERNELFLEET_REQUEUE_BACKOFF_SECONDS="0.2")
     state_dir = tmp_path / "w"
     # first run: enroll, then stop it while idle (SIGTERM -> exit 0)
     w = start_worker(
@@ -262,19 +265,26 @@ def test_torn_spool_record_is_quarantined_and_the_rest_replayed(
     assert stop_all([w]) == {"replayer": 0}
     token = (state_dir / "token").read_text().strip()
 
-    # what a worker leaves behind when it dies after spooling, before sending: real leases, real
+    # what a worker leaves behind when it dies after spooling, before sending: real leases and real
     # tuning reports, written by the agent's own spool code ... and one record torn mid-write
-    campaign = create_campaign(coordinator, ["4x64", "8x64", "16x64"], ["float32"])
+    campaign = create_campaign(coordinator, ["4x64", "8x64", "16x64", "32x64", "64x64"], ["float32"])
     spool = Spool(state_dir / "spool")
     with CoordinatorClient(coordinator.url, token) as client:
-        for _ in range(3):
-            lease = client.lease()
+        leases = [client.lease() for _ in range(5)]
+        reports = [tune(x.kernel, x.shape, x.dtype, budget=0.02) for x in leases if x is not None]
+        assert len(reports) == 5
+        good, stale, refused = leases[:3], leases[3], leases[4]
+        assert stale is not None and refused is not None
+        for lease, report in zip(good, reports, strict=False):
             assert lease is not None
-            report = tune(lease.kernel, lease.shape, lease.dtype, budget=0.02)
             spool.put("result", lease.job_id, lease.lease_token, {"report": report})
+        client.release(stale.job_id, stale.lease_token)  # its lease is gone: the coordinator answers 409
+        spool.put("result", stale.job_id, stale.lease_token, {"report": reports[3]})
+        # a report for another shape than the job's: the coordinator answers 422
+        spool.put("result", refused.job_id, refused.lease_token, {"report": reports[0]})
     torn_name = "00000000000000000000-job999-result.json"
-    good = spool.replay()[0].path.read_bytes()
-    (spool.pending_dir / torn_name).write_bytes(good[: len(good) // 3])
+    record = spool.replay()[0].path.read_bytes()
+    (spool.pending_dir / torn_name).write_bytes(record[: len(record) // 3])
 
     # second run, without --enroll-token: the stored token is reused and the spool replayed
     w = start_worker(coordinator.url, state_dir, "replayer", *FAST)
@@ -287,12 +297,19 @@ def test_torn_spool_record_is_quarantined_and_the_rest_replayed(
         assert code == 1 and "is already using" in out, out
     finally:
         assert stop_all([w]) == {"replayer": 0}, w.log()
-    assert len(done) == 3 and all(j["attempts"] == 1 for j in done)
+    assert len(done) == 5
     assert sorted(r["job_id"] for r in results(coordinator)) == sorted(j["id"] for j in done)
+    attempts = {j["id"]: j["attempts"] for j in done}
+    assert [attempts[x.job_id] for x in good if x is not None] == [1, 1, 1]  # delivered from the spool
+    assert attempts[stale.job_id] == 1  # released (not counted), then leased and run again
+    assert attempts[refused.job_id] == 2  # the refusal was reported as a failed attempt, then re-run
     assert w.pending() == []
-    assert [p.name for p in w.quarantined()] == [torn_name]
-    reason = (spool.quarantine_dir / f"{torn_name}.reason.txt").read_text()
-    assert "invalid JSON" in reason
+    reasons = {p.name: (p.parent / f"{p.name}.reason.txt").read_text() for p in w.quarantined()}
+    assert len(reasons) == 3
+    assert "invalid JSON" in reasons[torn_name]
+    (stale_reason,) = [r for n, r in reasons.items() if f"-job{stale.job_id}-" in n]
+    (refused_reason,) = [r for n, r in reasons.items() if f"-job{refused.job_id}-" in n]
+    assert "(409)" in stale_reason and "(422)" in refused_reason
     assert len(workers(coordinator)) == 1  # no second enrollment
 
 
