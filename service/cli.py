@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+from types import FrameType
 from typing import Annotated
 
 import typer
+import uvicorn
 from kernelfleet.service import admin_cli, import_cli
+from kernelfleet.service.local_worker import LocalWorker
 from kernelfleet.service.settings import Settings
 from rich.console import Console
 from sqlalchemy.exc import SQLAlchemyError
@@ -26,6 +29,24 @@ def _settings(**overrides: object) -> Settings:
     return Settings(**{k: v for k, v in overrides.items() if v is not None})
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, which also tells the local worker to stop as soon as an exit signal arrives.
+
+    uvicorn re-raises SIGTERM after its graceful shutdown, so a ``finally`` after ``run()`` may never
+    run; stopping the worker from the signal handler lets it release or post its job while the
+    API still answers.
+    """
+
+    def __init__(self, config: uvicorn.Config, worker: LocalWorker | None) -> None:
+        super().__init__(config)
+        self.local_worker = worker
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.local_worker is not None:
+            self.local_worker.request_stop()
+        super().handle_exit(sig, frame)
+
+
 def serve(
     host: Annotated[str | None, typer.Option(help="Address to bind "
                                              "(default KERNELFLEET_HOST or 127.0.0.1)")] = None,
@@ -36,10 +57,8 @@ def serve(
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
 ) -> None:
     """Run the coordinator (API under /api/v1, docs under /docs, health at /healthz)."""
-    import uvicorn
     from kernelfleet.service.app import create_app
     from kernelfleet.service.local_admin import admin_token_path, ensure_admin_token
-    from kernelfleet.service.local_worker import LocalWorker
     from kernelfleet.service.migrate import SchemaNotCurrent
 
     settings = _settings(host=host, port=port, database_url=database_url)
@@ -63,11 +82,12 @@ def serve(
     url_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                             proxy_headers=True, timeout_graceful_shutdown=10)
-    server = uvicorn.Server(config)
     worker = None
     if local_worker:
         worker = LocalWorker(app.state.session_factory, f"http://{url_host}:{settings.port}",
                              settings.resolved_data_dir())
+    server = _Server(config, worker)
+    if worker is not None:
         worker.start()
     try:
         server.run()

@@ -11,7 +11,10 @@ import time
 from pathlib import Path
 
 import httpx
+from kernelfleet.service.auth import digest
 from kernelfleet.service.enrollment import mint_enrollment_token
+from kernelfleet.service.models import Worker
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 logger = logging.getLogger(__name__)
@@ -55,19 +58,38 @@ class LocalWorker:
             return
         self.state_dir.mkdir(parents=True, exist_ok=True)
         enroll = None
-        if not (self.state_dir / TOKEN_FILE).exists():
+        if not self._stored_token_known():
             with self.session_factory() as session:
                 enroll, _ = mint_enrollment_token(session, self.ttl_seconds)
         cmd = worker_command(self.url, self.state_dir, enroll)
         logger.info("starting the local worker (state in %s)", self.state_dir)
         self.proc = subprocess.Popen(cmd)
 
-    def stop(self, timeout: float = 20.0) -> None:
+    def _stored_token_known(self) -> bool:
+        """True when the state dir holds a token of a worker in *this* database (revoked or not).
+
+        A missing token, or one from another database (the SQLite file was replaced), needs a
+        fresh enrollment; a revoked local worker is not silently re-enrolled.
+        """
+        try:
+            token = (self.state_dir / TOKEN_FILE).read_text().strip()
+        except OSError:
+            return False
+        with self.session_factory() as session:
+            return session.scalar(select(Worker.id).where(Worker.token_digest == digest(token))) is not None
+
+    def request_stop(self) -> None:
+        """Ask the agent to stop (SIGTERM: it finishes or releases its job) without waiting."""
         self._stopping.set()
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+
+    def stop(self, timeout: float = 20.0) -> None:
+        self.request_stop()
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return
-        proc.terminate()  # SIGTERM: the agent releases its lease and exits
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -166,6 +166,24 @@ def test_import_cli(coordinator: Coordinator, tmp_path: Path) -> None:
     assert r.returncode == 1 and "cannot read" in r.stderr
 
 
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text in cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                pids.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _stop_server_only(proc: subprocess.Popen[str]) -> str:
+    """SIGTERM to the coordinator alone (as `kill PID` would), not to its process group."""
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    return out
+
+
 def test_local_worker_is_started_and_stopped_with_the_server(tmp_path: Path) -> None:
     assert run_cli("db", "upgrade", "--database-url", f"sqlite:///{tmp_path / 'k.db'}").returncode == 0
     proc, url = _serve(tmp_path, "--local-worker")
@@ -177,9 +195,14 @@ def test_local_worker_is_started_and_stopped_with_the_server(tmp_path: Path) -> 
             workers = httpx.get(url + "/api/v1/workers", headers={"Authorization": f"Bearer {token}"}).json()
             time.sleep(0.2)
         assert len(workers) == 1, "the local worker enrolled itself"
+        assert _processes_mentioning(str(tmp_path / "local-worker"))
     finally:
-        out = _stop(proc)
+        out = _stop_server_only(proc)
     assert (tmp_path / "local-worker" / "token").exists(), out
+    deadline = time.monotonic() + 30
+    while _processes_mentioning(str(tmp_path / "local-worker")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _processes_mentioning(str(tmp_path / "local-worker")), "SIGTERM to serve stops its worker"
     # a second start reuses the worker's stored token instead of enrolling again
     proc, url = _serve(tmp_path, "--local-worker")
     try:
