@@ -214,7 +214,36 @@ class CampaignIn(Strict):
         n = len(self.kernels) * len(self.shapes) * len(self.dtypes)
         if n > MAX_CAMPAIGN_JOBS:
             raise ValueError(f"this campaign would create {n} jobs; the limit is {MAX_CAMPAIGN_JOBS}")
+        _check_against_catalog(self.kernels, self.shapes, self.dtypes)
         return self
+
+
+def _check_against_catalog(kernels: list[str], shapes: list[str], dtypes: list[str]) -> None:
+    """Refuse a campaign whose jobs no worker could run: unknown kernels, shapes a kernel rejects
+    (e.g. rope wants batch x heads x seq x dim), dtypes it does not support."""
+    from kernelfleet.kernels.catalog import get_spec
+    from kernelfleet.kernels.spec import KernelError, parse_shape
+
+    problems = []
+    for kernel in kernels:
+        try:
+            spec = get_spec(kernel)
+        except KernelError as e:
+            problems.append(str(e))
+            continue
+        for dtype in dtypes:
+            try:
+                spec.check_dtype(dtype)
+            except KernelError as e:
+                problems.append(str(e))
+        for shape in shapes:
+            try:
+                spec.validate_shape(parse_shape(shape))
+            except KernelError as e:
+                problems.append(f"kernel {kernel!r}, shape {shape!r}: {e}")
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise ValueError("; ".join(problems[:5]) + more)
 
 
 class Progress(BaseModel):
