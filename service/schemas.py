@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -218,7 +219,7 @@ class CampaignIn(Strict):
         return self
 
 
-def _check_against_catalog(kernels: list[str], shapes: list[str], dtypes: list[str]) -> None:
+def _check_against_catalog(kernels: Sequence[str], shapes: Sequence[str], dtypes: Sequence[str]) -> None:
     """Refuse a campaign whose jobs no worker could run: unknown kernels, shapes a kernel rejects
     (e.g. rope wants batch x heads x seq x dim), dtypes it does not support."""
     from kernelfleet.kernels.catalog import get_spec
