@@ -47,8 +47,15 @@ bench-search: $(STAMP) ## Successive halving vs exhaustive search: quality and t
 bench-dashboard: $(STAMP) ## Dashboard page server times over 1,000,000 stored trials
 	$(BIN)/python benchmarks/dashboard.py
 
-bench-detector: $(STAMP) ## Regression detector vs a peer on labelled synthetic series
-	$(BIN)/python benchmarks/detector.py
+BENCH_VENV := .venv-bench
+$(BENCH_VENV)/.installed-stamp: pyproject.toml
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install -q --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install -q -e '.[bench]'
+	touch $@
+
+bench-detector: $(BENCH_VENV)/.installed-stamp ## Regression detector vs apache-otava (own venv: otava pins numpy)
+	$(BENCH_VENV)/bin/python benchmarks/detector.py
 
 clean: ## Remove the virtualenv and caches
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
+	rm -rf $(VENV) $(BENCH_VENV) .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
