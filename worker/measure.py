@@ -143,7 +143,7 @@ class Measurer:
 
     def __init__(self, spec: KernelSpec, backend: Backend, shape: Shape, dtype: str,
                  inputs: Sequence[mx.array], reference: Sequence[mx.array], configs: Sequence[Config], *,
-                 seed: int = 0, min_round_s: float = 1e-3, max_launches: int = 4096, warmup: int = 3,
+                 seed: int = 0, min_round_s: float = 1e-3, max_launches: int = 4096, warmup: int = 1,
                  on_step: Callable[[], None] | None = None) -> None:
         self.spec, self.backend, self.shape, self.dtype = spec, backend, shape, dtype
         self.inputs, self.reference = list(inputs), list(reference)
@@ -198,8 +198,8 @@ class Measurer:
         trial.fn, trial.status = fn, OK
 
     def _calibrate(self, fn: KernelFn) -> int:
-        """Launches per round so that a round lasts at least ``min_round_s``."""
-        n = 1
+        """Launches per round so that a round lasts at least ``min_round_s`` (also warms up)."""
+        n = 2
         while True:
             self.backend.synchronize()
             t0 = time.perf_counter()

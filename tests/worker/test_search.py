@@ -153,6 +153,7 @@ def test_random_samples_a_fraction_and_respects_budget():
 
 def test_halving_rung_plan():
     hv = SuccessiveHalving(screen_rounds=3, eta=4, finalists=3, final_rounds=30)
+    assert SuccessiveHalving()._rungs(60) == [(15, 8), (4, 15), (3, 30)]  # the defaults: 2 screening rounds
     assert hv._rungs(60) == [(15, 12), (4, 15), (3, 30)]
     assert hv._rungs(500) == [(125, 12), (32, 15), (8, 15), (3, 30)]
     assert hv._rungs(2) == [(2, 30)]

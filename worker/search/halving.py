@@ -31,7 +31,7 @@ class SuccessiveHalving(SearchStrategy):
     name = "halving"
     description = "screen all candidates cheaply, re-measure the best precisely (default)"
 
-    def __init__(self, screen_rounds: int = 3, eta: int = 4, finalists: int = 3,
+    def __init__(self, screen_rounds: int = 2, eta: int = 4, finalists: int = 3,
                  final_rounds: int = 30) -> None:
         if eta < 2 or finalists < 1 or screen_rounds < 1 or final_rounds < screen_rounds:
             raise ValueError("halving needs eta >= 2, finalists >= 1, 1 <= screen_rounds <= final_rounds")
