@@ -257,19 +257,26 @@ def run_tune(task: Task, jsonl: str | None, strategy: str = "halving", seed: int
 
 
 def row_for(kind: str, task: Task, outcome: TuneOutcome, limit_gbs: float) -> dict[str, Any]:
-    name, shape, dtype = task
+    return row_from_report(outcome.report, limit_gbs, kind) | {"tune_s": outcome.total_s}
+
+
+def row_from_report(report: dict[str, Any], limit_gbs: float, kind: str | None = None) -> dict[str, Any]:
+    """A table row from a tuning report (``kind`` defaults to the spec's shape list it is in)."""
+    name, dtype = report["kernel"], report["dtype"]
+    shape = tuple(int(d) for d in report["shape"].split("x"))
     spec = get_spec(name)
-    trials = {t["config_key"]: t for t in outcome.report["trials"]}
+    if kind is None:
+        kind = next((k for k, shapes in spec.shapes.items() if shape in [tuple(s) for s in shapes]), "other")
+    trials = {t["config_key"]: t for t in report["trials"]}
     builtin = trials["builtin"]["median_us"]
-    best_key = outcome.report["best_config_key"]
+    best_key = report["best_config_key"]
     tuned = trials[best_key]["median_us"]
     nbytes = spec.bytes_moved(shape, dtype)
     n_ok = sum(t["status"] == "ok" for t in trials.values())
     return {"kernel": name, "kind": kind, "shape": format_shape(shape), "dtype": dtype, "builtin_us": builtin,
             "tuned_us": tuned, "speedup": builtin / tuned if builtin and tuned else None, "best": best_key,
             "builtin_gbs": nbytes / builtin / 1e3 if builtin else None, "tuned_gbs": nbytes / tuned / 1e3,
-            "pct_copy": 100 * nbytes / tuned / 1e3 / limit_gbs, "candidates": len(trials), "ok": n_ok,
-            "tune_s": outcome.total_s}
+            "pct_copy": 100 * nbytes / tuned / 1e3 / limit_gbs, "candidates": len(trials), "ok": n_ok}
 
 
 def fmt_table(rows: Sequence[dict[str, Any]]) -> str:
