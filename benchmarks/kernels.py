@@ -12,9 +12,10 @@ and prints the built-in's median, the tuned median, the speedup, and the achieve
 ``--spread`` / ``--spread-only`` then tunes every kernel over a grid of shapes (rows x cols for
 row-wise kernels) and dtypes until the time limit, appending every tuning report as JSONL.
 
-Compilation: every candidate is a separate NVRTC compile the first time. ``--precompile N``
-builds and runs each planned candidate once in N parallel processes first, which fills MLX's
-on-disk PTX cache (/tmp/mlx/<version>/ptx) so the tuning process only loads modules.
+Compilation: on CUDA every custom candidate is an NVRTC compile (~1.5 s on the H100 host) the
+first time it runs in a process; MLX keeps custom kernels out of its on-disk PTX cache, so a
+compile in another process does not help (tried: a 15-process pre-compile changed nothing).
+``benchmarks/session.py`` therefore does table, search and repeatability per kernel in one process.
 Imports only mlx, numpy and the kernelfleet kernels/worker packages.
 """
 
@@ -25,14 +26,11 @@ import dataclasses
 import functools
 import json
 import math
-import multiprocessing as mp
 import os
 import random
 import sys
 import time
-from collections.abc import Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Sequence
 from typing import Any
 
 os.environ.setdefault("MLX_ENABLE_CACHE_THRASHING_CHECK", "0")
@@ -163,69 +161,6 @@ def spread_plan(specs: Sequence[KernelSpec], dtypes: Sequence[str], seed: int = 
     return out
 
 
-# ----------------------------------------------------------------------------- precompile
-
-
-Group = tuple[str, Shape, str, list[dict[str, Any]]]
-
-
-def _precompile_group(group: Group) -> tuple[str, int, int, float, str]:
-    name, shape, dtype, configs = group
-    os.environ.setdefault("MLX_ENABLE_CACHE_THRASHING_CHECK", "0")
-    t0 = time.perf_counter()
-    spec = get_spec(name)
-    backend = detect_backend()
-    ok = bad = 0
-    first_error = ""
-    label = f"{name} {format_shape(shape)} {dtype}"
-    try:
-        inputs = spec.make_inputs(shape, dtype, 0)
-        mx.eval(inputs)
-    except Exception as e:  # noqa: BLE001 - the tuner will report it
-        return label, 0, len(configs), time.perf_counter() - t0, str(e)[:200]
-    for config in configs:
-        try:
-            mx.eval(backend.build(spec, config, shape, dtype)(inputs))
-            ok += 1
-        except Exception as e:  # noqa: BLE001 - the tuner records the real failure
-            bad += 1
-            first_error = first_error or f"{config}: {str(e)[:200]}"
-    return label, ok, bad, time.perf_counter() - t0, first_error
-
-
-def precompile(tasks: Iterable[Task], processes: int, max_groups: int | None = None) -> None:
-    """Build + run every candidate of ``tasks`` once in parallel processes (fills the PTX cache).
-
-    Compiled code depends on the row length, dtype and config, not on the row count, so tasks
-    are grouped by (kernel, last dim, dtype) and run at the smallest row count planned."""
-    backend = detect_backend()
-    if not backend.supports_custom_kernels or processes < 1:
-        return
-    groups: dict[tuple[str, Any, str], tuple[Shape, dict[str, dict[str, Any]]]] = {}
-    for name, shape, dtype in tasks:
-        spec = get_spec(name)
-        key = (name, shape[1:] if rowwise(spec) else shape, dtype)
-        rep, configs = groups.get(key, (shape, {}))
-        if rowwise(spec) and shape[0] < rep[0]:
-            rep = shape
-        for c in spec.space(shape, dtype):
-            configs[json.dumps(c, sort_keys=True)] = c
-        groups[key] = (rep, configs)
-    work = [(k[0], rep, k[2], list(cs.values())) for k, (rep, cs) in groups.items()][:max_groups]
-    work.sort(key=lambda g: -len(g[3]))  # longest first: better packing
-    n = sum(len(g[3]) for g in work)
-    log(f"precompiling {n} candidates in {len(work)} groups with {processes} processes")
-    t0 = time.perf_counter()
-    try:
-        with ProcessPoolExecutor(processes, mp_context=mp.get_context("spawn")) as pool:
-            for fut in as_completed([pool.submit(_precompile_group, g) for g in work]):
-                label, ok, bad, secs, err = fut.result()
-                log(f"  precompiled {label}: {ok} ok, {bad} failed, {secs:.1f}s {err}")
-    except BrokenProcessPool as e:  # a compile process died: the tuner compiles the rest itself
-        log(f"precompile pool broke ({e}); continuing without it")
-    log(f"precompile done in {time.perf_counter() - t0:.1f}s")
-
-
 # ----------------------------------------------------------------------------- tuning
 
 
@@ -321,9 +256,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--spread-dtypes", default="float16,bfloat16")
     ap.add_argument("--time-limit", type=float, default=480.0,
                     help="start no new tune after this many seconds")
-    ap.add_argument("--precompile", type=int, default=0, help="parallel compile processes (0: none)")
-    ap.add_argument("--precompile-groups", type=int, default=None,
-                    help="precompile at most this many (kernel, row length, dtype) groups, in plan order")
     args = ap.parse_args(argv)
     t_start = time.monotonic()
     deadline = t_start + args.time_limit
@@ -337,8 +269,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     plan = [] if args.spread_only else main_plan(specs, args.dtype)
     spread = spread_plan(specs, args.spread_dtypes.split(",")) if (args.spread or args.spread_only) else []
-    if args.precompile:
-        precompile([t for _, t in plan] + spread, args.precompile, args.precompile_groups)
 
     out_lines = [header]
     if plan:
