@@ -39,7 +39,8 @@ def _create_pg_database() -> tuple[str, str]:
     admin = base.set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    return name, base.set(database=name, drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    url = base.set(database=name, drivername="postgresql+psycopg")
+    return name, url.render_as_string(hide_password=False)
 
 
 def _drop_pg_database(name: str) -> None:
@@ -140,7 +141,8 @@ class Coordinator:
         self.proc = None
 
     def logs(self) -> str:
-        return "\n".join(p.read_text(errors="replace") for p in sorted(self.workdir.glob("coordinator-*.log")))
+        logs = sorted(self.workdir.glob("coordinator-*.log"))
+        return "\n".join(p.read_text(errors="replace") for p in logs)
 
     def admin(self) -> httpx.Client:
         return httpx.Client(base_url=self.url + "/api/v1", timeout=30.0,
