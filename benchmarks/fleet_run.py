@@ -95,6 +95,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="32x4096,4096x4096")
     ap.add_argument("--dtypes", default="float16,bfloat16")
     ap.add_argument("--budget", type=float, default=2.0, help="seconds of measurement per job")
+    ap.add_argument("--strategy", default="halving", help="the worker's search strategy")
     ap.add_argument("--out", type=Path, default=Path("fleet-run"))
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--timeout", type=float, default=480.0, help="seconds for the whole campaign")
@@ -169,6 +170,8 @@ def main() -> int:
                     str(workdir / "worker"),
                     "--budget",
                     str(args.budget),
+                    "--strategy",
+                    args.strategy,
                     "--poll-seconds",
                     "1",
                     "--name",

@@ -121,12 +121,13 @@ def valid(spec: KernelSpec, shape: Shape, dtype: str) -> bool:
     return dtype in spec.dtypes
 
 
-def main_plan(specs: Sequence[KernelSpec], dtype: str) -> list[tuple[str, Task]]:
+def main_plan(specs: Sequence[KernelSpec], dtype: str, kinds: Sequence[str] = ("decode", "large"),
+              per_kind: int | None = None) -> list[tuple[str, Task]]:
     plan = []
     for spec in specs:
         d = dtype if dtype in spec.dtypes else spec.dtypes[-1]
-        for kind in ("decode", "large"):
-            for shape in spec.shapes.get(kind, []):
+        for kind in kinds:
+            for shape in list(spec.shapes.get(kind, []))[:per_kind]:
                 if valid(spec, tuple(shape), d):
                     plan.append((kind, (spec.name, tuple(shape), d)))
     return plan
@@ -253,6 +254,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--jsonl", help="append every tuning report here")
     ap.add_argument("--spread", action="store_true", help="after the table, tune the shape grid")
     ap.add_argument("--spread-only", action="store_true")
+    ap.add_argument("--kinds", default="decode,large", help="which of each kernel's shape lists to run")
+    ap.add_argument("--per-kind", type=int, default=None, help="at most this many shapes of each kind")
     ap.add_argument("--spread-dtypes", default="float16,bfloat16")
     ap.add_argument("--time-limit", type=float, default=480.0,
                     help="start no new tune after this many seconds")
@@ -267,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"driver {chip.driver}\n# kernels: {', '.join(s.name for s in specs)}")
     print(header, flush=True)
 
-    plan = [] if args.spread_only else main_plan(specs, args.dtype)
+    plan = [] if args.spread_only else main_plan(specs, args.dtype, args.kinds.split(","), args.per_kind)
     spread = spread_plan(specs, args.spread_dtypes.split(",")) if (args.spread or args.spread_only) else []
 
     out_lines = [header]

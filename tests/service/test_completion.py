@@ -66,7 +66,7 @@ def test_result_keeps_trials_env_and_golden(coordinator: Coordinator) -> None:
 
 
 def test_stale_lease_gets_409_and_revoked_worker_401(coordinator: Coordinator) -> None:
-    create_campaign(coordinator, shapes=["1x8", "2x8"])
+    create_campaign(coordinator, shapes=["1x64", "2x64"])
     worker_id, token = enroll(coordinator)
     with coordinator.client(token) as c:
         got = lease(c)

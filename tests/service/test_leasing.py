@@ -81,9 +81,9 @@ def test_sixteen_concurrent_workers_complete_200_jobs_exactly_once(coordinator: 
 
 def test_jobs_go_only_to_matching_backend_and_chip(coordinator: Coordinator) -> None:
     create_campaign(coordinator, name="m3 only", target_backend="metal", target_chip="Apple M3*",
-                    shapes=["1x1"])
-    create_campaign(coordinator, name="cuda only", target_backend="cuda", shapes=["2x2"])
-    create_campaign(coordinator, name="anyone", shapes=["3x3"])
+                    shapes=["1x64"])
+    create_campaign(coordinator, name="cuda only", target_backend="cuda", shapes=["2x64"])
+    create_campaign(coordinator, name="anyone", shapes=["3x64"])
     _, cpu = enroll(coordinator, "cpu box", chip="Intel Xeon", backend="cpu")
     _, m2 = enroll(coordinator, "m2", chip="Apple M2 Pro", backend="metal")
     _, m3 = enroll(coordinator, "m3", chip="Apple M3 Max", backend="metal")
@@ -96,10 +96,10 @@ def test_jobs_go_only_to_matching_backend_and_chip(coordinator: Coordinator) -> 
                 got.append(x)
         return [g["shape"] for g in got]
 
-    assert take_all(cpu) == ["3x3"]  # only the untargeted job
+    assert take_all(cpu) == ["3x64"]  # only the untargeted job
     assert take_all(m2) == []  # wrong chip for the M3 campaign, wrong backend for CUDA
-    assert take_all(h100) == ["2x2"]
-    assert take_all(m3) == ["1x1"]
+    assert take_all(h100) == ["2x64"]
+    assert take_all(m3) == ["1x64"]
 
 
 def test_heartbeat_extends_only_the_current_lease(coordinator: Coordinator) -> None:

@@ -291,7 +291,7 @@ def fill(c: Coordinator) -> Filled:
             admin,
             name="rope on H100",
             kernels=["rope"],
-            shapes=["1x4096", "8x4096"],
+            shapes=["32x1x128", "32x8x128"],
             dtypes=["float16"],
             target_chip="NVIDIA H100 80GB HBM3",
         )

@@ -69,7 +69,8 @@ def test_fleet_lists_workers_status_current_job_and_results_per_day(
     for name in ("studio-m3max", "gpu-h100-a", "mini-m2"):
         assert rows[name][3] == "online"
     assert rows["old-m1"][3] == "revoked"
-    assert "rope 1x4096 float16" in rows["gpu-h100-a"][5] or "rope 8x4096 float16" in rows["gpu-h100-a"][5]
+    current = rows["gpu-h100-a"][5]
+    assert "rope 32x1x128 float16" in current or "rope 32x8x128 float16" in current
     assert f"job {site.leased_job}" in rows["gpu-h100-a"][5]
     assert rows["studio-m3max"][5] == "idle"
     per_worker = {
