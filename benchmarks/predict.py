@@ -1,6 +1,6 @@
 """Learned predictions on held-out shapes, on real tuning data measured on a GPU.
 
-    python benchmarks/predict.py [benchmarks/results/h100_tuning.jsonl]   # -> benchmarks/results/predict.txt
+    python benchmarks/predict.py [FILE.jsonl ...]   # default: the GPU files below -> results/predict.txt
 
 Input: tuning reports (one JSON per line, as ``kernelfleet tune --out`` writes them). For every
 (chip, kernel, shape, dtype) in the file, that shape is held out: its reports are removed and the
@@ -29,14 +29,18 @@ from kernelfleet.service.predict import ChipTable, predict
 from kernelfleet.service.profiles import _validator
 
 RESULTS = Path(__file__).parent / "results"
+# real GPU measurements: kernels.py runs on an H100 and an H200, and the H100 worker campaign
+# (exhaustive, 4 row-wise kernels x 5 row counts) exported from its coordinator's database
+GPU_FILES = ("h100_tuning.jsonl", "h100_fleet_tuning.jsonl", "h200_tuning.jsonl")
 Key = tuple[str, str, str, str]  # chip, kernel, shape, dtype
 
 
-def load(path: Path) -> tuple[dict[Key, dict[str, float]], dict[Key, str]]:
-    """Median time per config per (chip, kernel, shape, dtype) over the file's correct trials."""
+def load(paths: list[Path]) -> tuple[dict[Key, dict[str, float]], dict[Key, str]]:
+    """Median time per config per (chip, kernel, shape, dtype) over the files' correct trials."""
     samples: dict[Key, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     strategies: dict[Key, str] = {}
-    for line in path.read_text().splitlines():
+    lines = [line for path in paths for line in path.read_text().splitlines()]
+    for line in lines:
         if not line.strip():
             continue
         r = json.loads(line)
@@ -61,14 +65,15 @@ def default_key(kernel: str, shape: str, dtype: str) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("data", nargs="?", type=Path, default=RESULTS / "h100_tuning.jsonl")
+    parser.add_argument("data", nargs="*", type=Path, default=[RESULTS / n for n in GPU_FILES])
     parser.add_argument("--out", type=Path, default=RESULTS / "predict.txt")
     parser.add_argument("--tolerance", type=float, default=0.05)
     args = parser.parse_args(argv)
-    if not args.data.exists():
+    missing = [p for p in args.data if not p.exists()]
+    if missing:
         print(
-            f"no tuning data at {args.data}: run `kernelfleet tune ... --strategy exhaustive "
-            f"--out {args.data}` on a GPU first",
+            f"no tuning data at {missing[0]}: run `kernelfleet tune ... --strategy exhaustive "
+            f"--out {missing[0]}` on a GPU first",
             file=sys.stderr,
         )
         return 2
@@ -110,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     chips = sorted({r["key"][0] for r in rows})
     lines = [
         "Learned predictions on held-out shapes (benchmarks/predict.py)",
-        f"data: {args.data.name}; chips: {', '.join(chips)}; {len(rows)} (kernel, shape, dtype) "
+        f"data: {', '.join(p.name for p in args.data)}",
+        f"chips: {', '.join(chips)}; {len(rows)} (kernel, shape, dtype) "
         f"held out one at a time; strategies: {dict(sorted(_count(r['strategy'] for r in rows).items()))}",
         f"score: the pick's measured median on the held-out shape within {args.tolerance:.0%} of that "
         "shape's tuned best (an unmeasured pick is a miss)",
