@@ -24,7 +24,7 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from kernelfleet.kernels.spec import Config, KernelFn, KernelSpec, Shape, Tolerance, config_key
+from kernelfleet.kernels.spec import Config, KernelFn, KernelSpec, Shape, compare, config_key
 from kernelfleet.worker.backends.base import Backend
 
 OK, COMPILE_ERROR, LAUNCH_ERROR, MISMATCH = "ok", "compile_error", "launch_error", "mismatch"
@@ -89,47 +89,6 @@ def _finite_or_none(x: float | None) -> float | None:
     return float(x) if x is not None and math.isfinite(x) else None
 
 
-def compare(outputs: Sequence[mx.array], reference: Sequence[mx.array], tol: Tolerance,
-            exact_outputs: Sequence[int] = ()) -> tuple[bool, float | None, float | None, str | None]:
-    """(ok, max_abs_err, max_rel_err, message) of ``outputs`` against the float32 ``reference``.
-
-    Same rule as ``KernelSpec.compare`` (``|out - ref| <= atol + rtol * |ref|`` everywhere, outputs
-    in ``exact_outputs`` equal, ``max_rel_err = |out - ref| / max(|ref|, atol)``), but computed with
-    MLX on the device: copying a 16384x8192 output to numpy for every candidate costs seconds.
-    """
-    if len(outputs) != len(reference):
-        return False, None, None, f"expected {len(reference)} outputs, got {len(outputs)}"
-    max_abs = max_rel = 0.0
-    bad = 0
-    for i, (out, ref) in enumerate(zip(outputs, reference, strict=True)):
-        if tuple(out.shape) != tuple(ref.shape):
-            return False, None, None, f"output {i} has shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
-        if i in exact_outputs:
-            differ = int(mx.sum(out != ref).astype(mx.int64).item())  # type: ignore[arg-type]
-            if differ:
-                return False, None, None, f"output {i}: {differ} values differ (exact match required)"
-            continue
-        o, r = out.astype(mx.float32), ref.astype(mx.float32)
-        nonfinite = mx.sum(mx.logical_not(mx.isfinite(o)) & mx.isfinite(r)).item()
-        if nonfinite:
-            return False, None, None, f"output {i} has {nonfinite} NaN/inf values (reference finite)"
-        finite = mx.isfinite(r)
-        d = mx.where(finite, mx.abs(o - r), 0.0)
-        ar = mx.where(finite, mx.abs(r), 0.0)
-        if d.size == 0:
-            continue
-        stats = mx.stack([mx.max(d), mx.max(d / mx.maximum(ar, max(tol.atol, 1e-12))),
-                          mx.sum(d > tol.atol + tol.rtol * ar).astype(mx.float32)])
-        values: list[float] = stats.tolist()  # type: ignore[assignment]
-        max_abs, max_rel = max(max_abs, float(values[0])), max(max_rel, float(values[1]))
-        bad += int(values[2])
-    if bad:
-        return (False, max_abs, max_rel,
-                f"{bad} elements outside tolerance (atol={tol.atol:g}, rtol={tol.rtol:g}); "
-                f"max abs err {max_abs:.3g}, max rel err {max_rel:.3g}")
-    return True, max_abs, max_rel, None
-
-
 def _launch(fn: KernelFn, inputs: Sequence[mx.array], k: int) -> None:
     for _ in range(k):
         mx.async_eval(fn(inputs))
@@ -182,11 +141,10 @@ class Measurer:
         except Exception as e:  # noqa: BLE001 - first launch: compile or launch failure
             trial.fail(COMPILE_ERROR if _COMPILE_HINT.search(str(e)) else LAUNCH_ERROR, e)
             return
-        ok, max_abs, max_rel, message = compare(outputs, self.reference, self.tol,
-                                                getattr(self.spec, "exact_outputs", ()))
-        trial.max_abs_err, trial.max_rel_err = max_abs, max_rel
-        if not ok:
-            trial.fail(MISMATCH, message or "output outside tolerance")
+        check = compare(outputs, self.reference, self.tol, getattr(self.spec, "exact_outputs", ()))
+        trial.max_abs_err, trial.max_rel_err = check.max_abs_err, check.max_rel_err
+        if not check.ok:
+            trial.fail(MISMATCH, check.detail or "output outside tolerance")
             return
         try:
             _launch(fn, self.inputs, self.warmup)

@@ -50,3 +50,16 @@ def test_compare_reports_errors_and_exact_outputs() -> None:
     swapped = compare([mx.array([1.0]), mx.array([1, 3], dtype=mx.uint32)], idx_ref, tol, (1,))
     assert not swapped.ok and "exact" in swapped.detail
     assert not compare([mx.array([1.0, 2.0])], ref, tol).ok  # shape mismatch
+
+
+def test_compare_counts_elements_and_keeps_errors_finite() -> None:
+    tol = Tolerance(1e-3, 1e-2)
+    ref = [mx.array([1.0, -2.0, 0.0, 100.0])]
+    ok = compare([mx.array([1.0005, -2.0, 0.0009, 100.5])], ref, tol)
+    assert ok.ok and ok.detail == "" and ok.max_abs_err == pytest.approx(0.5, rel=1e-4)
+    off = compare([mx.array([1.0, -2.0, 0.002, 100.0])], ref, tol)
+    assert not off.ok and "1 of 4 values outside tolerance" in off.detail
+    nan = compare([mx.array([1.0, float("nan"), 0.0, 100.0])], ref, tol)
+    assert not nan.ok and nan.max_abs_err is None and "NaN/inf" in nan.detail
+    wrong_shape = compare([mx.array([1.0, 2.0])], ref, tol)
+    assert not wrong_shape.ok and wrong_shape.max_abs_err is None and "shape" in wrong_shape.detail
