@@ -38,6 +38,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+from kernelfleet.kernels.catalog import NAMES
 from kernelfleet.service.db import make_engine
 from kernelfleet.service.migrate import upgrade
 from kernelfleet.service.models import Campaign, Job, Profile, Regression, Result, Trial, Worker
@@ -54,20 +55,7 @@ CHIPS = [
     ("NVIDIA H100 80GB HBM3", "cuda", "Linux 6.1", 0.3),
     ("NVIDIA H200", "cuda", "Linux 6.8", 0.25),
 ]
-KERNELS = [
-    "rmsnorm",
-    "add_rmsnorm",
-    "layernorm",
-    "softmax",
-    "logsumexp",
-    "swiglu",
-    "geglu",
-    "rope",
-    "bias_gelu",
-    "topk_gating_softmax",
-    "moe_combine",
-    "int4_dequantize",
-]
+KERNELS = list(NAMES)
 SHAPES = ["1x4096", "8x4096", "32x4096", "128x4096", "512x4096", "1024x8192", "4096x4096", "16384x8192"]
 DTYPES = ["float16", "bfloat16", "float32"]
 CONFIGS = [{"tg": tg, "vec": vec} for tg in (64, 128, 256, 512, 1024) for vec in (2, 4)][:9]

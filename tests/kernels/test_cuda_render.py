@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from kernelfleet.kernels.catalog import available_names, get_spec
+from kernelfleet.kernels.catalog import NAMES, get_spec
 from kernelfleet.kernels.launch import LaunchRecord
 
 from .capture import records
@@ -33,7 +33,7 @@ def _representative(recs: list[tuple[LaunchRecord, str]]) -> list[tuple[LaunchRe
 
 @pytest.mark.slow
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("name", available_names())
+@pytest.mark.parametrize("name", NAMES)
 def test_cuda_sources_compile_with_nvcc(name: str, tmp_path: Path) -> None:
     spec = get_spec(name)
     recs = [r for dtype in spec.dtypes for r in _representative(records(spec, "cuda", dtype))]

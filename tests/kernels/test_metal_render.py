@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from kernelfleet.kernels.catalog import available_names, get_spec
+from kernelfleet.kernels.catalog import NAMES, get_spec
 
 from .capture import records
 from .mlx_sources import metal_unit
@@ -19,7 +19,7 @@ CXX = shutil.which("g++") or shutil.which("clang++")
 
 
 @pytest.mark.skipif(CXX is None, reason="no C++ compiler (g++ or clang++) on PATH")
-@pytest.mark.parametrize("name", available_names())
+@pytest.mark.parametrize("name", NAMES)
 def test_metal_sources_compile_as_cpp(name: str, tmp_path: Path) -> None:
     spec = get_spec(name)
     for dtype in spec.dtypes:
