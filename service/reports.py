@@ -53,7 +53,7 @@ def store_report(
         best_p10_us=best.p10_us if best else None,
         best_p90_us=best.p90_us if best else None,
         builtin_median_us=builtin.median_us if builtin else None,
-        golden=report.golden.model_dump(mode="json"),
+        golden={**report.golden.model_dump(mode="json"), "seed": report.seed},
     )
     session.add(result)
     session.flush()

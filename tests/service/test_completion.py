@@ -52,7 +52,8 @@ def test_result_keeps_trials_env_and_golden(coordinator: Coordinator) -> None:
             r = conn.execute(select(Result)).one()
             assert (r.chip, r.backend, r.mlx_version, r.os, r.driver) == (
                 "NVIDIA H100 80GB HBM3", "cuda", "0.32.4", "Linux 6.1", "580.65")
-            assert r.kernel_hash == sent["env"]["kernel_hash"] and r.golden == sent["golden"]
+            assert r.kernel_hash == sent["env"]["kernel_hash"]
+            assert r.golden == {**sent["golden"], "seed": sent["seed"]}
             assert r.best_config_key == "tg=256,vec=4" and r.best_median_us == 10.0
             assert r.builtin_median_us == 12.0 and r.best_is_builtin is False and r.source == "lease"
             trials = {t.config_key: t for t in conn.execute(select(Trial).order_by(Trial.id))}

@@ -64,3 +64,15 @@ def test_series_figure_traces() -> None:
 def test_geomean() -> None:
     assert F.geomean([2.0, 8.0]) == pytest.approx(4.0)
     assert F.geomean([]) is None
+
+
+def test_golden_drift_compares_only_runs_with_the_same_seed() -> None:
+    from kernelfleet.web.tolerance import Bound, compare_golden
+
+    a = {"digest": "x", "sample": [1.0, 2.0], "stride": 1, "numel": 2, "seed": 0}
+    b = dict(a, digest="y", sample=[1.0, 2.5])
+    bound = Bound(1e-3, 1e-3, "test")
+    assert compare_golden(a, b, bound).beyond
+    other_seed = compare_golden(a, dict(b, seed=7), bound)
+    assert not other_seed.comparable and "seed" in other_seed.reason
+    assert compare_golden(a, {k: v for k, v in b.items() if k != "seed"}, bound).beyond  # old rows: seed 0
