@@ -19,7 +19,7 @@ from datetime import datetime
 from kernelfleet.service.auth import LEASE_PREFIX, new_token
 from kernelfleet.service.db import db_now, immediate
 from kernelfleet.service.errors import Conflict, NotFound
-from kernelfleet.service.models import Job, JobKind, JobState, Worker
+from kernelfleet.service.models import Job, JobKind, JobState, Regression, RegressionStatus, Worker
 from sqlalchemy import ColumnElement, and_, or_, select, update
 from sqlalchemy.orm import Session
 
@@ -170,7 +170,21 @@ def _requeue_or_kill(session: Session, job: Job, token: str, error: str, base: f
     ).first()
     if row is None:
         return None
+    if dead and job.kind == JobKind.confirm:
+        _unconfirmable(session, job.id, error)
     return Transition(row.id, row.state, row.attempts, row.max_attempts, None if dead else row.available_at)
+
+
+def _unconfirmable(session: Session, job_id: int, error: str) -> None:
+    """A confirmation job that died leaves its suspected regression unconfirmed: dismiss it, saying why
+    (otherwise it would stay 'confirming' for ever)."""
+    session.execute(
+        update(Regression)
+        .where(Regression.confirm_job_id == job_id, Regression.status == RegressionStatus.confirming)
+        .values(status=RegressionStatus.dismissed,
+                acknowledged_note=f"not confirmed: the confirmation run failed ({error[:500]})")
+        .execution_options(synchronize_session=False)
+    )
 
 
 def reap_expired(session: Session, base: float, cap: float) -> list[Transition]:

@@ -236,3 +236,29 @@ def test_scan_finds_gradual_drift(coordinator: Any) -> None:
         missing = anon.get("/regressions/424242")
         assert missing.status_code == 404 and "no regression" in missing.json()["detail"]
         assert anon.get("/regressions", params={"status": "bogus"}).status_code == 422
+
+
+def test_confirmation_that_dies_dismisses_the_suspect(coordinator_factory: Any) -> None:
+    coordinator = coordinator_factory(KERNELFLEET_MAX_ATTEMPTS="1")
+    rng = np.random.default_rng(3)
+    shape = "2048x4096"
+    import_history(coordinator, shape, [50.0 * (1 + 0.004 * np.cos(i)) for i in range(8)], rng)
+    worker = enroll(coordinator)
+    with coordinator.admin() as admin:
+        admin.post(
+            "/campaigns",
+            json={"name": "lost", "kernels": ["rmsnorm"], "shapes": [shape], "dtypes": ["float16"]},
+        )
+    run_leased_job(worker, make_report(shape, 80.0, rng=rng))
+    [reg] = regressions(coordinator)
+    assert reg["status"] == "confirming"
+    confirm = worker.post("/leases", json={}).json()
+    assert confirm["kind"] == "confirm" and confirm["job_id"] == reg["confirm_job_id"]
+    r = worker.post(f"/jobs/{confirm['job_id']}/fail",
+                    json={"lease_token": confirm["lease_token"], "error": "GPU fell off the bus"})
+    assert r.status_code == 200 and r.json()["state"] == "dead", r.text
+    [reg] = regressions(coordinator)
+    assert reg["status"] == "dismissed"
+    note = reg["acknowledged_note"]
+    assert "confirmation run failed" in note and "GPU fell off the bus" in note
+    worker.close()
