@@ -38,15 +38,16 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-from kernelfleet.kernels.catalog import NAMES
-from kernelfleet.service.db import make_engine
-from kernelfleet.service.migrate import upgrade
-from kernelfleet.service.models import Campaign, Job, Profile, Regression, Result, Trial, Worker
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 from sqlalchemy import Engine, func, insert, select, text
 from sqlalchemy.engine import make_url
+
+from kernelfleet.kernels.catalog import NAMES
+from kernelfleet.service.db import make_engine
+from kernelfleet.service.migrate import upgrade
+from kernelfleet.service.models import Campaign, Job, Profile, Regression, Result, Trial, Worker
 
 CHIPS = [
     ("Apple M3 Max", "metal", "macOS 15.1", 1.0),

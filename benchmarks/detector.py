@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
 from kernelfleet.service.regressions.attribution import attribute, group_key, reference_runs
 from kernelfleet.service.regressions.base import RunPoint
 from kernelfleet.service.regressions.changepoint import ChangePointDetector

@@ -36,6 +36,7 @@ from typing import Any
 os.environ.setdefault("MLX_ENABLE_CACHE_THRASHING_CHECK", "0")
 
 import mlx.core as mx  # noqa: E402
+
 from kernelfleet.kernels.catalog import all_specs, get_spec  # noqa: E402
 from kernelfleet.kernels.spec import KernelSpec, Shape, format_shape  # noqa: E402
 from kernelfleet.worker.backends import detect_backend  # noqa: E402

@@ -27,6 +27,7 @@ kb: Any = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(kb)
 
 import mlx.core as mx  # noqa: E402
+
 from kernelfleet.kernels.catalog import all_specs, get_spec  # noqa: E402
 from kernelfleet.kernels.spec import format_shape, parse_shape  # noqa: E402
 from kernelfleet.worker.backends import detect_backend  # noqa: E402

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from alembic import context
+from sqlalchemy import Connection
+
 from kernelfleet.service.db import is_sqlite, make_engine
 from kernelfleet.service.models import Base
-from sqlalchemy import Connection
 
 config = context.config
 target_metadata = Base.metadata

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from kernelfleet.service.client import DEFAULT_COORDINATOR, AdminClient, ClientError, resolve_admin_token
 from rich.console import Console
 from rich.table import Table
+
+from kernelfleet.service.client import DEFAULT_COORDINATOR, AdminClient, ClientError, resolve_admin_token
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)

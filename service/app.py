@@ -15,14 +15,15 @@ from contextlib import asynccontextmanager, suppress
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy import Engine
+from starlette.exceptions import HTTPException
+
 from kernelfleet.service.db import make_sessionmaker
 from kernelfleet.service.errors import CoordinatorError
 from kernelfleet.service.limits import BodyLimitMiddleware, describe_validation_errors
 from kernelfleet.service.migrate import make_checked_engine
 from kernelfleet.service.reaper import run_reaper
 from kernelfleet.service.settings import Settings
-from sqlalchemy import Engine
-from starlette.exceptions import HTTPException
 
 logger = logging.getLogger(__name__)
 

@@ -9,11 +9,12 @@ import hashlib
 import hmac
 import secrets
 
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
 from kernelfleet.service.db import db_now, immediate
 from kernelfleet.service.errors import Forbidden, Unauthorized
 from kernelfleet.service.models import Worker
-from sqlalchemy import select, update
-from sqlalchemy.orm import Session
 
 ADMIN_PREFIX = "kfa_"
 ENROLL_PREFIX = "kfe_"

@@ -5,12 +5,13 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 
+from sqlalchemy import func, insert, select
+from sqlalchemy.orm import Session
+
 from kernelfleet.service.db import immediate
 from kernelfleet.service.errors import NotFound
 from kernelfleet.service.models import Backend, Campaign, Job, JobKind, JobState
 from kernelfleet.service.schemas import CampaignIn, CampaignOut, Progress
-from sqlalchemy import func, insert, select
-from sqlalchemy.orm import Session
 
 
 def create_campaign(session: Session, body: CampaignIn, default_max_attempts: int) -> int:

@@ -8,11 +8,12 @@ from typing import Annotated
 
 import typer
 import uvicorn
+from rich.console import Console
+from sqlalchemy.exc import SQLAlchemyError
+
 from kernelfleet.service import admin_cli, import_cli
 from kernelfleet.service.local_worker import LocalWorker
 from kernelfleet.service.settings import Settings
-from rich.console import Console
-from sqlalchemy.exc import SQLAlchemyError
 
 err = Console(stderr=True, soft_wrap=True)
 out = Console()

@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 import httpx
+
 from kernelfleet.service.local_admin import admin_token_path
 from kernelfleet.service.settings import Settings
 

@@ -11,15 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
 from kernelfleet.service.db import db_now, immediate
 from kernelfleet.service.errors import Conflict, Invalid
 from kernelfleet.service.leasing import explain_stale
 from kernelfleet.service.models import Job, JobState, Result, Worker
 from kernelfleet.service.reports import store_report
 from kernelfleet.service.schemas import TuningReport
-from sqlalchemy import select, update
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,11 @@ from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
+from sqlalchemy.orm import Session, sessionmaker
+
 from kernelfleet.service.auth import authenticate_admin, authenticate_worker, bearer_token
 from kernelfleet.service.models import Worker
 from kernelfleet.service.settings import Settings
-from sqlalchemy.orm import Session, sessionmaker
 
 ADMIN_COOKIE = "kernelfleet_admin"
 

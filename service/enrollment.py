@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
 from kernelfleet.service.auth import ENROLL_PREFIX, WORKER_PREFIX, digest, new_token
 from kernelfleet.service.db import db_now, immediate
 from kernelfleet.service.errors import NotFound, Unauthorized
 from kernelfleet.service.models import Backend, EnrollmentToken, Worker
 from kernelfleet.service.schemas import EnrollIn
-from sqlalchemy import select, update
-from sqlalchemy.orm import Session
 
 
 def mint_enrollment_token(session: Session, ttl_seconds: float) -> tuple[str, datetime]:

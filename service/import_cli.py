@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from kernelfleet.service.client import DEFAULT_COORDINATOR, AdminClient, ClientError, resolve_admin_token
-from kernelfleet.service.limits import describe_validation_errors
-from kernelfleet.service.schemas import TuningReport
 from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import Progress
+
+from kernelfleet.service.client import DEFAULT_COORDINATOR, AdminClient, ClientError, resolve_admin_token
+from kernelfleet.service.limits import describe_validation_errors
+from kernelfleet.service.schemas import TuningReport
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)

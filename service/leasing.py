@@ -16,12 +16,13 @@ import fnmatch
 from dataclasses import dataclass
 from datetime import datetime
 
+from sqlalchemy import ColumnElement, and_, or_, select, update
+from sqlalchemy.orm import Session
+
 from kernelfleet.service.auth import LEASE_PREFIX, new_token
 from kernelfleet.service.db import db_now, immediate
 from kernelfleet.service.errors import Conflict, NotFound
 from kernelfleet.service.models import Job, JobKind, JobState, Regression, RegressionStatus, Worker
-from sqlalchemy import ColumnElement, and_, or_, select, update
-from sqlalchemy.orm import Session
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,12 @@ import time
 from pathlib import Path
 
 import httpx
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
 from kernelfleet.service.auth import digest
 from kernelfleet.service.enrollment import mint_enrollment_token
 from kernelfleet.service.models import Worker
-from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
 
 logger = logging.getLogger(__name__)
 

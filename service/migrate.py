@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import kernelfleet.migrations as _migrations
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from kernelfleet.service.db import make_engine, normalize_url
 from sqlalchemy import Engine
+
+import kernelfleet.migrations as _migrations
+from kernelfleet.service.db import make_engine, normalize_url
 
 
 class SchemaNotCurrent(RuntimeError):

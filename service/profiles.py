@@ -17,6 +17,9 @@ import json
 import logging
 from typing import Any
 
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session, sessionmaker
+
 from kernelfleet.kernels.profile_file import SCHEMA
 from kernelfleet.kernels.spec import parse_config_key
 from kernelfleet.service.db import db_now, immediate, is_sqlite
@@ -24,8 +27,6 @@ from kernelfleet.service.errors import NotFound
 from kernelfleet.service.hooks import on_result_stored
 from kernelfleet.service.models import Profile, Result, Trial, TrialStatus
 from kernelfleet.service.predict import ChipTable, Observations, predict
-from sqlalchemy import func, select, text
-from sqlalchemy.orm import Session, sessionmaker
 
 logger = logging.getLogger(__name__)
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
 from kernelfleet.service.db import db_now, immediate, is_sqlite
 from kernelfleet.service.leasing import Transition, reap_expired
 from kernelfleet.service.models import Job, JobState
 from kernelfleet.service.settings import Settings
-from sqlalchemy import func, select, update
-from sqlalchemy.orm import Session, sessionmaker
 
 logger = logging.getLogger(__name__)
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernelfleet.service.models import Result, Trial, TrialStatus
-from kernelfleet.service.schemas import TuningReport
 from sqlalchemy import insert
 from sqlalchemy.orm import Session
+
+from kernelfleet.service.models import Result, Trial, TrialStatus
+from kernelfleet.service.schemas import TuningReport
 
 
 def store_report(

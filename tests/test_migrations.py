@@ -5,10 +5,11 @@ from __future__ import annotations
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect
+
 from kernelfleet.service.db import make_engine
 from kernelfleet.service.migrate import alembic_config, current_revision, head_revision, upgrade
 from kernelfleet.service.models import Base
-from sqlalchemy import inspect
 
 
 def test_models_and_migrations_agree(migrated_db_url: str) -> None:

@@ -7,13 +7,14 @@ from typing import Annotated
 
 from fastapi import Query, Request
 from fastapi.responses import HTMLResponse
+from sqlalchemy import ColumnElement, func, select
+from sqlalchemy.orm import Session
+
 from kernelfleet.service.deps import SessionDep
 from kernelfleet.service.models import Campaign, Job, JobState, Result, Worker
 from kernelfleet.web.errors import PageNotFound
 from kernelfleet.web.render import db_clock, page
 from kernelfleet.web.routing import page_router
-from sqlalchemy import ColumnElement, func, select
-from sqlalchemy.orm import Session
 
 router = page_router()
 

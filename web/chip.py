@@ -8,6 +8,8 @@ from typing import Annotated
 
 from fastapi import Query, Request
 from fastapi.responses import HTMLResponse
+from sqlalchemy import select
+
 from kernelfleet.service.deps import SessionDep
 from kernelfleet.service.models import Result, Worker
 from kernelfleet.web.errors import PageNotFound
@@ -15,7 +17,6 @@ from kernelfleet.web.figures import series_figure
 from kernelfleet.web.render import db_clock, page
 from kernelfleet.web.routing import page_router
 from kernelfleet.web.series import distinct_values, kernels_on, latest_runs, run_points
-from sqlalchemy import select
 
 router = page_router()
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse
+from sqlalchemy import func, select
+
 from kernelfleet.service.deps import SessionDep
 from kernelfleet.service.models import Result, Worker
 from kernelfleet.web.render import db_clock, page
 from kernelfleet.web.routing import page_router
-from sqlalchemy import func, select
 
 router = page_router()
 

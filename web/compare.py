@@ -8,6 +8,9 @@ from typing import Annotated
 
 from fastapi import Query, Request
 from fastapi.responses import HTMLResponse
+from sqlalchemy import ColumnElement
+from sqlalchemy.orm import Session
+
 from kernelfleet.service.deps import SessionDep
 from kernelfleet.service.models import Result
 from kernelfleet.web.errors import BadParam, PageNotFound
@@ -15,8 +18,6 @@ from kernelfleet.web.figures import geomean, ratio_figure
 from kernelfleet.web.render import db_clock, page
 from kernelfleet.web.routing import page_router
 from kernelfleet.web.series import Latest, distinct_values, latest_runs, shape_key
-from sqlalchemy import ColumnElement
-from sqlalchemy.orm import Session
 
 router = page_router()
 

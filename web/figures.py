@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 import plotly.io as pio
+
 from kernelfleet.web.render import utc
 
 PALETTE = [

@@ -9,6 +9,9 @@ from typing import Annotated, Any
 
 from fastapi import Query, Request
 from fastapi.responses import HTMLResponse
+from sqlalchemy import case, func, select
+from sqlalchemy.orm import Session
+
 from kernelfleet.service.db import db_now
 from kernelfleet.service.deps import SessionDep, SettingsDep
 from kernelfleet.service.models import Job, JobState, Regression, RegressionStatus, Result, Worker
@@ -16,8 +19,6 @@ from kernelfleet.web.figures import results_per_day_figure
 from kernelfleet.web.render import db_clock, page, utc
 from kernelfleet.web.routing import page_router
 from kernelfleet.web.sql import utc_day
-from sqlalchemy import case, func, select
-from sqlalchemy.orm import Session
 
 router = page_router()
 

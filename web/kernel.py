@@ -10,6 +10,9 @@ from typing import Annotated, Any
 
 from fastapi import Query, Request
 from fastapi.responses import HTMLResponse
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
 from kernelfleet.service.deps import SessionDep
 from kernelfleet.service.models import Result
 from kernelfleet.web.errors import PageNotFound
@@ -18,8 +21,6 @@ from kernelfleet.web.render import db_clock, page
 from kernelfleet.web.routing import page_router
 from kernelfleet.web.series import Latest, distinct_values, latest_runs, shape_key, sorted_shapes
 from kernelfleet.web.tolerance import Drift, compare_golden, tolerance
-from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 router = page_router()
 

@@ -9,12 +9,13 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
 from kernelfleet.service.deps import SessionDep
 from kernelfleet.service.models import Profile, Result
 from kernelfleet.web.render import db_clock, page
 from kernelfleet.web.routing import page_router
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
 
 router = page_router()
 

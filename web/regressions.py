@@ -10,6 +10,9 @@ from typing import Annotated, Any
 
 from fastapi import Query, Request
 from fastapi.responses import HTMLResponse
+from sqlalchemy import ColumnElement, func, select
+from sqlalchemy.orm import Session
+
 from kernelfleet.service.deps import SessionDep
 from kernelfleet.service.models import Job, Regression, RegressionStatus, Result
 from kernelfleet.web.errors import PageNotFound
@@ -17,8 +20,6 @@ from kernelfleet.web.figures import series_figure
 from kernelfleet.web.render import db_clock, page
 from kernelfleet.web.routing import page_router
 from kernelfleet.web.series import distinct_values, window_points
-from sqlalchemy import ColumnElement, func, select
-from sqlalchemy.orm import Session
 
 router = page_router()
 

@@ -12,9 +12,10 @@ from urllib.parse import quote, urlencode
 from fastapi import Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
-from kernelfleet.service.db import db_now
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+
+from kernelfleet.service.db import db_now
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 templates = Jinja2Templates(directory=str(TEMPLATES_DIR))

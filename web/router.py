@@ -12,6 +12,7 @@ from pathlib import Path
 import plotly
 from fastapi import APIRouter, Form, Request, Response
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
+
 from kernelfleet.service.auth import is_admin_token
 from kernelfleet.service.deps import ADMIN_COOKIE, SettingsDep
 from kernelfleet.web import (

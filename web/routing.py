@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
+
 from kernelfleet.service.deps import require_dashboard
 from kernelfleet.service.errors import CoordinatorError
 from kernelfleet.web.errors import WebError

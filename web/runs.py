@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse
+from sqlalchemy import case, select
+
 from kernelfleet.service.deps import SessionDep
 from kernelfleet.service.models import Result, Trial, TrialStatus, Worker
 from kernelfleet.web.errors import PageNotFound
 from kernelfleet.web.figures import samples_figure
 from kernelfleet.web.render import db_clock, page
 from kernelfleet.web.routing import page_router
-from sqlalchemy import case, select
 
 router = page_router()
 

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from kernelfleet.service.models import Result
-from kernelfleet.web.figures import RunPoint
 from sqlalchemy import ColumnElement, and_, func, select
 from sqlalchemy.orm import Session
+
+from kernelfleet.service.models import Result
+from kernelfleet.web.figures import RunPoint
 
 R = Result
 

@@ -15,13 +15,14 @@ from types import FrameType
 from typing import Annotated
 
 import typer
+from rich.console import Console
+from rich.logging import RichHandler
+
 from kernelfleet.worker.agent import Agent, AgentConfig, JobOutcome, speedup
 from kernelfleet.worker.client import Lease
 from kernelfleet.worker.enrollment import AgentError
 from kernelfleet.worker.spool import SpoolError
 from kernelfleet.worker.state import StateError, WorkerState, default_state_dir
-from rich.console import Console
-from rich.logging import RichHandler
 
 # wide lines when logging to a file or a pipe (a service manager's journal), the terminal's width otherwise
 console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)

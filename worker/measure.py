@@ -24,6 +24,7 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
+
 from kernelfleet.kernels.spec import Config, KernelFn, KernelSpec, Shape, compare, config_key
 from kernelfleet.worker.backends.base import Backend
 

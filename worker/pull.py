@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+
 from kernelfleet.kernels import profile_file
 from kernelfleet.worker import zmlx_cache
 

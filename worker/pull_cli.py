@@ -7,9 +7,10 @@ from collections.abc import Iterable, Iterator
 from typing import Annotated, Any
 
 import typer
-from kernelfleet.worker.pull import DEFAULT_COORDINATOR, PullError, pull
 from rich.console import Console
 from rich.progress import Progress
+
+from kernelfleet.worker.pull import DEFAULT_COORDINATOR, PullError, pull
 
 
 def register(app: typer.Typer) -> None:

@@ -8,14 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
 from kernelfleet.kernels.spec import DTYPES, KernelError
 from kernelfleet.worker.backends import BackendError
 from kernelfleet.worker.measure import MeasureError
 from kernelfleet.worker.search import DEFAULT_STRATEGY, strategy_names
 from kernelfleet.worker.search.base import SearchError
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 USAGE_ERROR = 2
 

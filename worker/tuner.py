@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
+
 from kernelfleet.kernels.spec import (
     BUILTIN,
     Config,

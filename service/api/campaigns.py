@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, status
+
 from kernelfleet.service.campaigns import create_campaign, get_campaign, list_campaigns
 from kernelfleet.service.deps import AdminDep, SessionDep, SettingsDep
 from kernelfleet.service.schemas import CampaignIn, CampaignOut

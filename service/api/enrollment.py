@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, status
+
 from kernelfleet.service.deps import AdminDep, SessionDep, SettingsDep
 from kernelfleet.service.enrollment import enroll_worker, mint_enrollment_token
 from kernelfleet.service.schemas import EnrollIn, EnrollOut, EnrollTokenIn, EnrollTokenOut

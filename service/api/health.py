@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
-from kernelfleet.service.deps import SessionDep
-from kernelfleet.service.schemas import Health
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
+
+from kernelfleet.service.deps import SessionDep
+from kernelfleet.service.schemas import Health
 
 router = APIRouter(tags=["health"])
 

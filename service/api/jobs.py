@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query
+from sqlalchemy import select
+
 from kernelfleet.service.deps import AdminDep, SessionDep
 from kernelfleet.service.errors import NotFound
 from kernelfleet.service.models import Job, JobState
 from kernelfleet.service.schemas import JobOut, JobStateName
-from sqlalchemy import select
 
 router = APIRouter(tags=["jobs"])
 

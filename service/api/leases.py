@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
+
 from kernelfleet.service import leasing
 from kernelfleet.service.completion import complete
 from kernelfleet.service.deps import SessionDep, SessionFactoryDep, SettingsDep, WorkerDep

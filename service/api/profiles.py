@@ -9,12 +9,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from sqlalchemy import func, select
+
 from kernelfleet.service.deps import DashboardDep, SessionDep
 from kernelfleet.service.models import Profile
 from kernelfleet.service.profiles import current_profile, fingerprint
 from kernelfleet.service.schemas import UtcTime
-from pydantic import BaseModel
-from sqlalchemy import func, select
 
 router = APIRouter(tags=["profiles"])
 

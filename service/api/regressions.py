@@ -6,14 +6,15 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import func, select
+
 from kernelfleet.service.deps import AdminDep, DashboardDep, SessionDep, SessionFactoryDep, SettingsDep
 from kernelfleet.service.errors import NotFound
 from kernelfleet.service.models import Regression, RegressionStatus
 from kernelfleet.service.regressions import engine
 from kernelfleet.service.regressions.attribution import describe
 from kernelfleet.service.schemas import OptUtcTime, Strict, UtcTime
-from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import func, select
 
 router = APIRouter(tags=["regressions"])
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, status
+
 from kernelfleet.service.db import immediate
 from kernelfleet.service.deps import AdminDep, SessionDep, SessionFactoryDep
 from kernelfleet.service.hooks import run_result_hooks

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
+from sqlalchemy import select
+
 from kernelfleet.service.deps import AdminDep, SessionDep, WorkerDep
 from kernelfleet.service.enrollment import revoke_worker
 from kernelfleet.service.models import Worker
 from kernelfleet.service.schemas import WorkerOut
-from sqlalchemy import select
 
 router = APIRouter(tags=["workers"])
 

@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+
 from kernelfleet.service.regressions.base import ATTRIBUTES, RunPoint
 
 # attributes that change for a whole host or the whole fleet at once, so one cause may hit many chips

@@ -23,9 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.ndimage import median_filter
+
 from kernelfleet.service.regressions.base import Finding, RunPoint, register_offline
 from kernelfleet.service.regressions.noise import MAD_TO_SIGMA, SCALE_FLOOR
-from scipy.ndimage import median_filter
 
 
 def _cusum_stat(x: np.ndarray, min_segment: int) -> np.ndarray:

@@ -16,6 +16,9 @@ import logging
 import re
 from dataclasses import dataclass
 
+from sqlalchemy import ColumnElement, and_, func, select, text, update
+from sqlalchemy.orm import Session, sessionmaker
+
 from kernelfleet.service.db import db_now, immediate, is_sqlite
 from kernelfleet.service.errors import Conflict, NotFound
 from kernelfleet.service.hooks import on_result_stored
@@ -24,8 +27,6 @@ from kernelfleet.service.regressions import base
 from kernelfleet.service.regressions.attribution import attribute, group_key, reference_runs
 from kernelfleet.service.regressions.series import SeriesKey, history, load_runs, to_run
 from kernelfleet.service.settings import Settings, get_settings
-from sqlalchemy import ColumnElement, and_, func, select, text, update
-from sqlalchemy.orm import Session, sessionmaker
 
 logger = logging.getLogger(__name__)
 

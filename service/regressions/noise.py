@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from kernelfleet.service.regressions.base import RunPoint
 from scipy import stats
+
+from kernelfleet.service.regressions.base import RunPoint
 
 MAD_TO_SIGMA = 1.4826
 IQR_TO_SIGMA = 1.0 / 1.349

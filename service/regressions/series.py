@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernelfleet.service.models import Regression, RegressionStatus, Result, Trial
-from kernelfleet.service.regressions.base import RunPoint
 from sqlalchemy import ColumnElement, and_, select
 from sqlalchemy.orm import Session
+
+from kernelfleet.service.models import Regression, RegressionStatus, Result, Trial
+from kernelfleet.service.regressions.base import RunPoint
 
 
 @dataclass(frozen=True)

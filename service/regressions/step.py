@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats
+
 from kernelfleet.service.regressions.base import Finding, RunPoint, register_online
 from kernelfleet.service.regressions.noise import baseline
-from scipy import stats
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 import mlx.core as mx
+
 from kernelfleet.kernels.launch import LaunchRecord
 
 METAL_TYPES = {mx.float32: "float", mx.float16: "float16_t", mx.bfloat16: "bfloat16_t",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
+
 from kernelfleet.kernels.catalog import NAMES, get_spec
 from kernelfleet.kernels.spec import DTYPES, config_key
 

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from kernelfleet.kernels.catalog import NAMES, get_spec
 from kernelfleet.kernels.launch import LaunchRecord
 

@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from kernelfleet.kernels import dialect, render_cuda, render_metal
 from kernelfleet.kernels.dialect import DialectError, float_literal, render
 

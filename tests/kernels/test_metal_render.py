@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from kernelfleet.kernels.catalog import NAMES, get_spec
 
 from .capture import records

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from kernelfleet.kernels import profile_file
 
 

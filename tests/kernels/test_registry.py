@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kernelfleet.kernels import catalog
 from kernelfleet.kernels.catalog import all_specs, get_spec
 from kernelfleet.kernels.spec import DTYPES, UnknownKernel

@@ -6,10 +6,11 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import kernelfleet.kernels as K
 import mlx.core as mx
 import numpy as np
 import pytest
+
+import kernelfleet.kernels as K
 from kernelfleet.kernels import profile_file, runtime
 from kernelfleet.kernels.catalog import get_spec
 from kernelfleet.kernels.launch import capture

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
+
 from kernelfleet.kernels.spec import (
     BUILTIN,
     BadShape,

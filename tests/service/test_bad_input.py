@@ -11,9 +11,10 @@ from typing import Any
 import httpx
 from conftest import Coordinator
 from coordinator_helpers import create_campaign, enroll, lease, make_report
+from sqlalchemy import select
+
 from kernelfleet.service.db import make_engine
 from kernelfleet.service.models import Campaign, EnrollmentToken, Job, Result, Trial, Worker
-from sqlalchemy import select
 
 CAP = 256 * 1024
 JSON = {"content-type": "application/json"}

@@ -6,9 +6,10 @@ from typing import Any
 
 from conftest import Coordinator
 from coordinator_helpers import complete, create_campaign, enroll, lease, make_report
+from sqlalchemy import func, select
+
 from kernelfleet.service.db import make_engine
 from kernelfleet.service.models import Result, Trial
-from sqlalchemy import func, select
 
 
 def count_results(coordinator: Coordinator) -> tuple[int, int]:

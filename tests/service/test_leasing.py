@@ -8,9 +8,10 @@ from typing import Any
 
 from conftest import Coordinator
 from coordinator_helpers import complete, create_campaign, enroll, lease, shapes
+from sqlalchemy import func, select
+
 from kernelfleet.service.db import make_engine
 from kernelfleet.service.models import Job, JobState, Result, Trial
-from sqlalchemy import func, select
 
 
 def test_sixteen_concurrent_workers_complete_200_jobs_exactly_once(coordinator: Coordinator) -> None:

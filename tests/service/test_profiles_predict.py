@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kernelfleet.service.predict import chip_similarity, predict, shape_distance
 
 K = "rmsnorm"

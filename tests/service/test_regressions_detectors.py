@@ -4,6 +4,7 @@ confirmation rule, the change-point pass, attribution and grouping."""
 from __future__ import annotations
 
 import numpy as np
+
 from kernelfleet.service.regressions import base
 from kernelfleet.service.regressions.attribution import attribute, describe, group_key, reference_runs
 from kernelfleet.service.regressions.base import RunPoint

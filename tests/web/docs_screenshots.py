@@ -21,6 +21,7 @@ sys.path[:0] = [str(HERE), str(HERE.parents[1] / "benchmarks")]
 
 from browser import launch, open_page  # noqa: E402
 from dashboard import generate, serve  # noqa: E402
+
 from kernelfleet.service.db import make_engine  # noqa: E402
 from kernelfleet.service.migrate import upgrade  # noqa: E402
 

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 
 import plotly.graph_objects as go
 import pytest
+
 from kernelfleet.web import figures as F
 
 T0 = datetime(2026, 11, 1, 12, 0)

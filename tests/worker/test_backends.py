@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
+
 from kernelfleet.kernels.catalog import get_spec
 from kernelfleet.worker.backends import (
     Backend,

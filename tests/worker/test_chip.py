@@ -7,6 +7,7 @@ import platform
 
 import mlx.core as mx
 import pytest
+
 from kernelfleet.worker import chip as chipmod
 from kernelfleet.worker.chip import (
     detect_chip,

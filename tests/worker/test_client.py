@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from kernelfleet.worker.client import (
     CoordinatorClient,
     LeaseConflict,

@@ -9,6 +9,7 @@ import random
 import mlx.core as mx
 import numpy as np
 import pytest
+
 from kernelfleet.kernels.spec import KernelBuildError, KernelSpec, Tolerance
 from kernelfleet.worker.backends.base import Backend
 from kernelfleet.worker.golden import golden

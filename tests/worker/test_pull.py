@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+
 from kernelfleet.kernels import profile_file
 from kernelfleet.kernels.catalog import get_spec
 from kernelfleet.kernels.spec import config_key

@@ -9,6 +9,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 import pytest
+
 from kernelfleet.worker.search import BUILTIN_KEY, Budget, UnknownStrategy, get_strategy, strategy_names
 from kernelfleet.worker.search.base import SearchError
 from kernelfleet.worker.search.halving import SuccessiveHalving

@@ -9,6 +9,7 @@ import stat
 from pathlib import Path
 
 import pytest
+
 from kernelfleet.worker.backoff import Backoff
 from kernelfleet.worker.spool import Spool
 from kernelfleet.worker.state import Credentials, StateError, WorkerState

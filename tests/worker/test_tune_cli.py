@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from kernelfleet.worker.report import report_problems
 
 

@@ -8,6 +8,7 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
+
 from kernelfleet.kernels.catalog import all_specs, get_spec
 from kernelfleet.kernels.spec import (
     BadShape,

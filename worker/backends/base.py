@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 import mlx.core as mx
+
 from kernelfleet.kernels.spec import BUILTIN, Config, KernelFn, KernelSpec, Shape, config_key
 
 

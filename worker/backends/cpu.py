@@ -4,6 +4,7 @@ compositions, which the specs expose as their built-in) run."""
 from __future__ import annotations
 
 import mlx.core as mx
+
 from kernelfleet.worker.backends.base import Backend
 
 

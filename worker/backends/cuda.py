@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mlx.core as mx
+
 from kernelfleet.worker.backends.base import Backend
 
 
