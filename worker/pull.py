@@ -101,7 +101,7 @@ def fetch_profile(
             detail = r.json().get("detail", r.text)
         except ValueError:
             detail = r.text[:300]
-        hint = " (pass --token or set KERNELFLEET_TOKEN)" if r.status_code in (401, 403) else ""
+        hint = " (pass --token or set KERNELFLEET_ADMIN_TOKEN)" if r.status_code in (401, 403) else ""
         raise PullError(
             f"the coordinator refused the profile for {chip!r}: HTTP {r.status_code}: {detail}{hint}"
         )

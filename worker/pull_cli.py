@@ -37,7 +37,7 @@ def pull_command(
         str | None,
         typer.Option(
             "--token",
-            envvar="KERNELFLEET_TOKEN",
+            envvar="KERNELFLEET_ADMIN_TOKEN",
             help="Admin token, when the coordinator's reads are not public",
         ),
     ] = None,
