@@ -13,8 +13,8 @@ from functools import cache
 import mlx.core as mx
 
 from . import rowwise
-from .common import DTYPES, ITEMSIZE, TOLERANCES, need_rank, normal
-from .dialect import float_literal, source_version
+from .common import ITEMSIZE, TOLERANCES, normal
+from .dialect import float_literal
 from .launch import KernelSource
 from .spec import Config, GpuBackend, KernelFn, KernelSpec, Shape
 
@@ -105,31 +105,19 @@ def _compiled(eps: float) -> Callable[..., tuple[mx.array, mx.array]]:
 
 
 def make_inputs(shape: Shape, dtype: str, seed: int) -> list[mx.array]:
-    _check(shape)
+    rowwise.check_shape("add_rmsnorm", shape)
     return [normal(shape, dtype, seed, 0), normal(shape, dtype, seed, 1),
             normal(shape[-1:], dtype, seed, 2, scale=0.5, loc=1.0)]
-
-
-def _check(shape: Shape) -> None:
-    need_rank("add_rmsnorm", shape, 2, "rows x D")
-    rowwise.check_row(shape[-1], "float32")
 
 
 SPEC = KernelSpec(
     name="add_rmsnorm",
     description="residual add + RMSNorm; returns [normed, new residual] (eps=1e-5)",
-    dtypes=DTYPES,
-    shape_doc="rows x D",
-    shapes={"decode": [(1, 4096), (32, 4096)], "large": [(16384, 8192), (4096, 4096)]},
     make_inputs=make_inputs,
     reference=reference,
     builtin=builtin,
-    space=lambda shape, dtype: rowwise.space(shape[-1], dtype),
     build=make,
     tolerances=TOLERANCES,
     bytes_moved=lambda shape, dtype: (4 * shape[0] * shape[1] + shape[1]) * ITEMSIZE[dtype],
-    version=source_version(__file__, rowwise.__file__),
-    validate_shape=_check,
-    test_shapes=[(19, 1024)],
-    default=lambda shape, dtype: rowwise.default_config(shape[-1], dtype),
+    **rowwise.spec_fields("add_rmsnorm", __file__),
 )

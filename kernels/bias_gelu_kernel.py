@@ -10,8 +10,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 
 from . import elementwise
-from .common import DTYPES, ITEMSIZE, TOLERANCES, need_rank, normal
-from .dialect import source_version
+from .common import ITEMSIZE, TOLERANCES, normal
 from .launch import KernelSource
 from .spec import Config, GpuBackend, KernelFn, KernelSpec, Shape
 
@@ -63,30 +62,18 @@ def builtin(inputs: Sequence[mx.array]) -> list[mx.array]:
 
 
 def make_inputs(shape: Shape, dtype: str, seed: int) -> list[mx.array]:
-    _check(shape)
+    elementwise.check_shape("bias_gelu", shape)
     return [normal(shape, dtype, seed, 0, scale=2.0), normal(shape[-1:], dtype, seed, 1, scale=0.5)]
-
-
-def _check(shape: Shape) -> None:
-    need_rank("bias_gelu", shape, 2, "rows x D")
-    elementwise.check_cols(shape[-1])
 
 
 SPEC = KernelSpec(
     name="bias_gelu",
     description="gelu(x + bias), erf form",
-    dtypes=DTYPES,
-    shape_doc="rows x D",
-    shapes={"decode": [(1, 4096), (32, 4096)], "large": [(16384, 8192), (4096, 14336)]},
     make_inputs=make_inputs,
     reference=reference,
     builtin=builtin,
-    space=lambda shape, dtype: elementwise.space(shape[-1], dtype),
     build=make,
     tolerances=TOLERANCES,
     bytes_moved=lambda shape, dtype: (2 * shape[0] * shape[1] + shape[1]) * ITEMSIZE[dtype],
-    version=source_version(__file__, elementwise.__file__),
-    validate_shape=_check,
-    test_shapes=[(19, 1000)],
-    default=lambda shape, dtype: elementwise.default_config(shape[-1], dtype),
+    **elementwise.spec_fields("bias_gelu", __file__, decode_cols=4096),
 )

@@ -12,12 +12,14 @@ Dialect snippet :data:`INDEX` defines ``base`` (first vector of this thread) and
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import mlx.core as mx
 
-from .common import ITEMSIZE, ceil_div, mx_dtype
+from .common import DTYPES, ITEMSIZE, ceil_div, mx_dtype, need_rank
+from .dialect import source_version
 from .launch import KernelSource, Launch, run
-from .spec import BadShape, Config, GpuBackend
+from .spec import BadShape, Config, GpuBackend, Shape
 
 TGS = (64, 128, 256, 512, 1024)
 VECS = (1, 2, 4, 8)
@@ -71,3 +73,24 @@ def run_elementwise(src: KernelSource, backend: GpuBackend, config: Config, dtyp
     launch = launch_for(config, rows, D, dtype)
     (out,) = run(src, backend, [*flat, *other_inputs], launch, [(rows, D)], [x.dtype])
     return [out.reshape(x.shape)]
+
+
+def check_shape(name: str, shape: Shape) -> None:
+    need_rank(name, shape, 2, "rows x D")
+    check_cols(shape[-1])
+
+
+def spec_fields(name: str, module_file: str, decode_cols: int) -> dict[str, Any]:
+    """The :class:`KernelSpec` fields every elementwise kernel shares: ``rows x D`` shapes (decode
+    rows of ``decode_cols``), this family's space and default, the shape check, and a version over
+    the kernel module and this file."""
+    return {
+        "dtypes": DTYPES,
+        "shape_doc": "rows x D",
+        "shapes": {"decode": [(1, decode_cols), (32, decode_cols)], "large": [(16384, 8192), (4096, 14336)]},
+        "space": lambda shape, dtype: space(shape[-1], dtype),
+        "version": source_version(module_file, __file__),
+        "validate_shape": lambda shape: check_shape(name, shape),
+        "test_shapes": [(19, 1000)],
+        "default": lambda shape, dtype: default_config(shape[-1], dtype),
+    }

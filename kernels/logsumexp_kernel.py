@@ -11,8 +11,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 
 from . import rowwise
-from .common import DTYPES, ITEMSIZE, TOLERANCES, need_rank, normal
-from .dialect import source_version
+from .common import ITEMSIZE, TOLERANCES, normal
 from .launch import KernelSource
 from .spec import Config, GpuBackend, KernelFn, KernelSpec, Shape
 
@@ -67,30 +66,18 @@ def builtin(inputs: Sequence[mx.array]) -> list[mx.array]:
 
 
 def make_inputs(shape: Shape, dtype: str, seed: int) -> list[mx.array]:
-    _check(shape)
+    rowwise.check_shape("logsumexp", shape)
     return [normal(shape, dtype, seed, 0, scale=2.0)]
-
-
-def _check(shape: Shape) -> None:
-    need_rank("logsumexp", shape, 2, "rows x D")
-    rowwise.check_row(shape[-1], "float32")
 
 
 SPEC = KernelSpec(
     name="logsumexp",
     description="logsumexp over the last dim (one value per row)",
-    dtypes=DTYPES,
-    shape_doc="rows x D",
-    shapes={"decode": [(1, 4096), (32, 4096)], "large": [(16384, 8192), (4096, 4096)]},
     make_inputs=make_inputs,
     reference=reference,
     builtin=builtin,
-    space=lambda shape, dtype: rowwise.space(shape[-1], dtype),
     build=make,
     tolerances=TOLERANCES,
     bytes_moved=lambda shape, dtype: (shape[0] * shape[1] + shape[0]) * ITEMSIZE[dtype],
-    version=source_version(__file__, rowwise.__file__),
-    validate_shape=_check,
-    test_shapes=[(19, 1024)],
-    default=lambda shape, dtype: rowwise.default_config(shape[-1], dtype),
+    **rowwise.spec_fields("logsumexp", __file__),
 )

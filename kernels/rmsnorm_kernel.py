@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import mlx.core as mx
 
 from . import rowwise
-from .common import DTYPES, ITEMSIZE, TOLERANCES, need_rank, normal
-from .dialect import float_literal, source_version
+from .common import ITEMSIZE, TOLERANCES, normal
+from .dialect import float_literal
 from .launch import KernelSource
 from .spec import Config, GpuBackend, KernelFn, KernelSpec, Shape
 
@@ -69,30 +69,18 @@ def builtin(inputs: Sequence[mx.array], eps: float = EPS) -> list[mx.array]:
 
 
 def make_inputs(shape: Shape, dtype: str, seed: int) -> list[mx.array]:
-    _check(shape)
+    rowwise.check_shape("rmsnorm", shape)
     return [normal(shape, dtype, seed, 0), normal(shape[-1:], dtype, seed, 1, scale=0.5, loc=1.0)]
-
-
-def _check(shape: Shape) -> None:
-    need_rank("rmsnorm", shape, 2, "rows x D")
-    rowwise.check_row(shape[-1], "float32")
 
 
 SPEC = KernelSpec(
     name="rmsnorm",
     description="RMSNorm over the last dim with a weight vector (eps=1e-5)",
-    dtypes=DTYPES,
-    shape_doc="rows x D",
-    shapes={"decode": [(1, 4096), (32, 4096)], "large": [(16384, 8192), (4096, 4096)]},
     make_inputs=make_inputs,
     reference=reference,
     builtin=builtin,
-    space=lambda shape, dtype: rowwise.space(shape[-1], dtype),
     build=make,
     tolerances=TOLERANCES,
     bytes_moved=lambda shape, dtype: (2 * shape[0] * shape[1] + shape[1]) * ITEMSIZE[dtype],
-    version=source_version(__file__, rowwise.__file__),
-    validate_shape=_check,
-    test_shapes=[(19, 1024)],
-    default=lambda shape, dtype: rowwise.default_config(shape[-1], dtype),
+    **rowwise.spec_fields("rmsnorm", __file__),
 )

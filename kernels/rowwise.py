@@ -14,12 +14,14 @@ one vector (``TPR <= D / vec``), and at most ``MAX_REGS`` cached values per thre
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import mlx.core as mx
 
-from .common import ITEMSIZE, ceil_div, mx_dtype
+from .common import DTYPES, ITEMSIZE, ceil_div, mx_dtype, need_rank
+from .dialect import source_version
 from .launch import KernelSource, Launch, run
-from .spec import BadShape, Config, GpuBackend
+from .spec import BadShape, Config, GpuBackend, Shape
 
 TGS = (32, 64, 128, 256, 512, 1024)
 VECS = (1, 2, 4, 8)
@@ -137,3 +139,26 @@ def run_rows(
     outs = run(src, backend, [*flat, *other_inputs], launch, shapes, [x.dtype] * len(out_kinds))
     return [o.reshape(*lead, D) if k == "row" else o.reshape(lead)
             for o, k in zip(outs, out_kinds, strict=True)]
+
+
+ROW_SHAPES = {"decode": [(1, 4096), (32, 4096)], "large": [(16384, 8192), (4096, 4096)]}
+
+
+def check_shape(name: str, shape: Shape) -> None:
+    need_rank(name, shape, 2, "rows x D")
+    check_row(shape[-1], "float32")
+
+
+def spec_fields(name: str, module_file: str) -> dict[str, Any]:
+    """The :class:`KernelSpec` fields every row kernel shares: ``rows x D`` shapes, this family's
+    space and default, the shape check, and a version over the kernel module and this file."""
+    return {
+        "dtypes": DTYPES,
+        "shape_doc": "rows x D",
+        "shapes": ROW_SHAPES,
+        "space": lambda shape, dtype: space(shape[-1], dtype),
+        "version": source_version(module_file, __file__),
+        "validate_shape": lambda shape: check_shape(name, shape),
+        "test_shapes": [(19, 1024)],
+        "default": lambda shape, dtype: default_config(shape[-1], dtype),
+    }

@@ -10,8 +10,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 
 from . import elementwise
-from .common import DTYPES, ITEMSIZE, TOLERANCES, need_rank, normal
-from .dialect import source_version
+from .common import ITEMSIZE, TOLERANCES, normal
 from .launch import KernelSource
 from .spec import Config, GpuBackend, KernelFn, KernelSpec, Shape
 
@@ -58,30 +57,18 @@ def builtin(inputs: Sequence[mx.array]) -> list[mx.array]:
 
 
 def make_inputs(shape: Shape, dtype: str, seed: int) -> list[mx.array]:
-    _check(shape)
+    elementwise.check_shape("swiglu", shape)
     return [normal(shape, dtype, seed, 0, scale=2.0), normal(shape, dtype, seed, 1)]
-
-
-def _check(shape: Shape) -> None:
-    need_rank("swiglu", shape, 2, "rows x D")
-    elementwise.check_cols(shape[-1])
 
 
 SPEC = KernelSpec(
     name="swiglu",
     description="silu(gate) * up",
-    dtypes=DTYPES,
-    shape_doc="rows x D",
-    shapes={"decode": [(1, 14336), (32, 14336)], "large": [(16384, 8192), (4096, 14336)]},
     make_inputs=make_inputs,
     reference=reference,
     builtin=builtin,
-    space=lambda shape, dtype: elementwise.space(shape[-1], dtype),
     build=make,
     tolerances=TOLERANCES,
     bytes_moved=lambda shape, dtype: 3 * shape[0] * shape[1] * ITEMSIZE[dtype],
-    version=source_version(__file__, elementwise.__file__),
-    validate_shape=_check,
-    test_shapes=[(19, 1000)],
-    default=lambda shape, dtype: elementwise.default_config(shape[-1], dtype),
+    **elementwise.spec_fields("swiglu", __file__, decode_cols=14336),
 )
