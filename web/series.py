@@ -21,6 +21,19 @@ from kernelfleet.web.figures import RunPoint
 
 R = Result
 
+# the columns a RunPoint is made of (see _point)
+_POINT_COLS = (
+    R.id,
+    R.shape,
+    R.dtype,
+    R.created_at,
+    R.best_median_us,
+    R.best_p10_us,
+    R.best_p90_us,
+    R.mlx_version,
+    R.best_config_key,
+)
+
 
 def shape_key(shape: str) -> tuple[int, tuple[int, ...], str]:
     """Sort shapes by element count, then dimensions: ``32x4096`` before ``4096x4096``."""
@@ -133,18 +146,7 @@ def run_points(
         .label("rn")
     )
     sub = (
-        select(
-            R.id,
-            R.shape,
-            R.dtype,
-            R.created_at,
-            R.best_median_us,
-            R.best_p10_us,
-            R.best_p90_us,
-            R.mlx_version,
-            R.best_config_key,
-            rn,
-        )
+        select(*_POINT_COLS, rn)
         .where(R.chip == chip, R.kernel == kernel, R.best_median_us.is_not(None), *where)
         .subquery()
     )
@@ -179,17 +181,7 @@ def window_points(
     after: int,
 ) -> list[RunPoint]:
     """The runs of one series around a moment: ``before`` up to it and ``after`` following it."""
-    cols = (
-        R.id,
-        R.shape,
-        R.dtype,
-        R.created_at,
-        R.best_median_us,
-        R.best_p10_us,
-        R.best_p90_us,
-        R.mlx_version,
-        R.best_config_key,
-    )
+    cols = _POINT_COLS
     base = (
         R.chip == chip,
         R.kernel == kernel,
