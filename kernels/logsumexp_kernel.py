@@ -15,20 +15,7 @@ from .common import ITEMSIZE, TOLERANCES, normal
 from .launch import KernelSource
 from .spec import Config, GpuBackend, KernelFn, KernelSpec, Shape
 
-BODY = rowwise.LOAD_ROW + r"""
-  KF_SHARED float red_a[32];
-  KF_SHARED float red_b[32];
-  float m = -KF_INF;
-#pragma unroll
-  for (int it = 0; it < NITER; ++it) {
-    if (it * TPR + t < D / V) {
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        m = KF_FMAX(m, xv[it * V + k]);
-      }
-    }
-  }
-  m = kf_row_max(m, red_a, KF_LANE, KF_WARP, TPR / 32);
+BODY = rowwise.LOAD_ROW + rowwise.ROW_MAX + r"""
   float s = 0.0f;
 #pragma unroll
   for (int it = 0; it < NITER; ++it) {

@@ -54,6 +54,23 @@ LOAD_ROW = r"""
 """
 
 
+# Dialect snippet: the row's maximum ``m`` of the loaded ``xv`` (softmax, logsumexp), with the two
+# shared-memory scratch arrays the row reductions use (``red_a`` for the max, ``red_b`` for a sum).
+ROW_MAX = r"""
+  KF_SHARED float red_a[32];
+  KF_SHARED float red_b[32];
+  float m = -KF_INF;
+#pragma unroll
+  for (int it = 0; it < NITER; ++it) {
+    if (it * TPR + t < D / V) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        m = KF_FMAX(m, xv[it * V + k]);
+      }
+    }
+  }
+  m = kf_row_max(m, red_a, KF_LANE, KF_WARP, TPR / 32);"""
+
 def _niter(D: int, tpr: int, vec: int) -> int:
     return ceil_div(D // vec, tpr)
 
