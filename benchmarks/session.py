@@ -1,13 +1,25 @@
-"""All three GPU benchmarks for a few kernels in ONE process, kernel by kernel.
+"""The GPU benchmarks of the worker core, spread over every GPU of one host.
 
-On MLX's CUDA backend a custom kernel is compiled by NVRTC the first time it runs (about 1.5 s
-per candidate on the H100 host) and the compiled module lives only in that process; custom
-kernels are not in MLX's on-disk PTX cache. So the cheapest complete measurement of a kernel is:
-tune it once (pays compilation; gives the kernel-table row and a tuning report), then compare
-halving with exhaustive search on the now-compiled candidates, then tune twice more for
-repeatability -- all in the same process.
+    bash benchmarks/multi_gpu.sh            # on the GPU host, after `source .mlxcuda/b/setup.sh`
+    python benchmarks/session.py --merge DIR  # the combined report from a finished run
 
-    python benchmarks/session.py --kernels logsumexp,bias_gelu --outdir results/
+On MLX's CUDA backend a custom kernel is compiled by NVRTC the first time it runs (about 1.5 s per
+candidate on an H100 host, CPU-bound) and the module lives only in that process: custom kernels are
+not in MLX's on-disk PTX cache. The catalog's table shapes need ~1000 such compiles. So the work is
+cut into *units* -- one kernel and the shapes that share its compiled code (same template values) --
+and each unit runs in its own process:
+
+1. compile: every candidate of the unit is built and launched once on a one-row input (the
+   template values do not depend on the row count), in parallel with every other unit;
+2. pass 1, one unit at a time per GPU (turns by marker files, so timings never share a GPU):
+   the copy bandwidth, a tune of every table shape (successive halving; kernel-table rows) and,
+   for a unit holding the kernel's first large shape, halving vs exhaustive search (the search
+   benchmark) and two more tunes (repeatability);
+3. pass 2, again one unit at a time per GPU, each with an equal share of the time left: exhaustive
+   tunes over more row counts at the same compiled row length (data for benchmarks/predict.py).
+
+Outputs in --outdir: ``<tag>_<unit>.jsonl`` (one JSON row per table shape, search and repeat result)
+and ``<tag>_tuning.<unit>.jsonl`` (every tuning report, per-sample lists dropped to keep it small).
 """
 
 from __future__ import annotations
@@ -15,8 +27,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
+import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,65 +46,280 @@ def _load(name: str) -> Any:
 
 kb, sb = _load("kernels"), _load("search")
 
-from kernelfleet.kernels.catalog import get_spec  # noqa: E402
-from kernelfleet.kernels.spec import format_shape, parse_shape  # noqa: E402
+import mlx.core as mx  # noqa: E402
+
+from kernelfleet.kernels.catalog import NAMES, get_spec  # noqa: E402
+from kernelfleet.kernels.launch import capture  # noqa: E402
+from kernelfleet.kernels.spec import KernelSpec, Shape, format_shape, parse_shape  # noqa: E402
 from kernelfleet.worker.backends import detect_backend  # noqa: E402
 from kernelfleet.worker.chip import detect_chip  # noqa: E402
 from kernelfleet.worker.tuner import tune_spec  # noqa: E402
 
+SPREAD_ROWS = (8, 64, 256, 512, 1024, 2048, 4096, 8192, 16384)
+SPREAD_MAX_ELEMENTS = 1 << 25
+TURN_POLL_S = 0.5
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kernels", required=True)
-    ap.add_argument("--shape", help="one shape for every kernel (default: each kernel's first large shape)")
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--outdir", default=".")
-    ap.add_argument("--tag", default="gpu")
-    ap.add_argument("--time-limit", type=float, default=600.0)
-    args = ap.parse_args()
-    deadline = time.monotonic() + args.time_limit
-    out = Path(args.outdir)
-    chip, be = detect_chip(), detect_backend()
-    bw = kb.copy_bandwidth(be.name, 1 << 30 if be.supports_custom_kernels else 1 << 26)
-    kb.log(f"{chip.name}: copy bandwidth {bw}")
-    results: list[dict[str, Any]] = []
-    for name in args.kernels.split(","):
-        if time.monotonic() > deadline:
-            kb.log("time limit reached")
-            break
+
+# ----------------------------------------------------------------------------- units
+
+
+def template_of(spec: KernelSpec, shape: Shape, dtype: str) -> frozenset[tuple[str, str]]:
+    """The compiled code ``spec``'s candidates need at ``shape``: every (kernel name, template
+    values) their launches use, captured without running anything (on a one-row input: no catalog
+    kernel's template depends on the row count)."""
+    inputs = spec.make_inputs((1, *shape[1:]), dtype, 0)
+    out: set[tuple[str, str]] = set()
+    for config in spec.space(shape, dtype):
+        with capture() as records:
+            spec.build(config, "cuda", shape, dtype)(inputs)
+        out |= {(r.rendered.name, repr(r.launch.template)) for r in records}
+    return frozenset(out)
+
+
+def units(names: Sequence[str], dtype: str) -> list[dict[str, Any]]:
+    """One unit per (kernel, shapes sharing compiled code); cost = candidates to compile."""
+    out: list[dict[str, Any]] = []
+    for name in names:
         spec = get_spec(name)
-        dtype = args.dtype if args.dtype in spec.dtypes else spec.dtypes[-1]
-        shape = parse_shape(args.shape) if args.shape else tuple(spec.shapes["large"][0])
-        task = (name, shape, dtype)
-        kb.log(f"{name} {format_shape(shape)} {dtype}: tune (compiles every candidate)")
-        outcome = kb.run_tune(task, str(out / f"{args.tag}_tuning.jsonl"))
-        if outcome is None:
-            continue
-        kind = "large" if shape in [tuple(s) for s in spec.shapes.get("large", [])] else "other"
-        row: dict[str, Any] = {"table": kb.row_for(kind, task, outcome, bw["limit"]), "copy_gbs": bw}
-        kb.log(f"  table: {row['table']}")
+        d = dtype if dtype in spec.dtypes else spec.dtypes[-1]
+        groups: dict[frozenset[tuple[str, str]], dict[str, Any]] = {}
+        first_large = tuple(spec.shapes["large"][0]) if spec.shapes.get("large") else None
+        for kind in ("decode", "large"):
+            for shape in spec.shapes.get(kind, []):
+                shape = tuple(shape)
+                unit = groups.setdefault(template_of(spec, shape, d), {
+                    "kernel": name, "dtype": d, "shapes": [], "kinds": [], "primary": False})
+                unit["shapes"].append(format_shape(shape))
+                unit["kinds"].append(kind)
+                unit["primary"] |= shape == first_large
+        for unit in groups.values():
+            unit["cost"] = len(spec.space(parse_shape(unit["shapes"][0]), d))
+            unit["id"] = f"{name}-{unit['shapes'][0]}"
+            out.append(unit)
+    return out
+
+
+def plan(gpus: int, names: Sequence[str], dtype: str) -> list[list[dict[str, Any]]]:
+    """Units over GPUs, longest compile first onto the least loaded GPU (the compile phase is
+    parallel; the timed passes run per GPU in this order)."""
+    loads = [0.0] * gpus
+    per_gpu: list[list[dict[str, Any]]] = [[] for _ in range(gpus)]
+    for unit in sorted(units(names, dtype), key=lambda u: (-u["cost"] - 40 * u["primary"], u["id"])):
+        g = loads.index(min(loads))
+        per_gpu[g].append(unit)
+        loads[g] += unit["cost"] + 40 * unit["primary"]  # the search and repeat tunes: ~40 candidates' time
+    return per_gpu
+
+
+# ----------------------------------------------------------------------------- turns
+
+
+class Turns:
+    """Units of one GPU take turns at timing: unit i of pass p waits for unit i-1's marker (the last
+    unit of pass p-1 for i = 0). A marker is written even when a unit fails; a waiter also stops
+    waiting when its predecessor's process is gone or the deadline passes."""
+
+    def __init__(self, sync: Path, gpu: int, order: int, peers: int, deadline: float) -> None:
+        self.sync, self.gpu, self.order, self.peers, self.deadline = sync, gpu, order, peers, deadline
+        sync.mkdir(parents=True, exist_ok=True)
+        (sync / f"pid.{gpu}.{order}").write_text(str(os.getpid()))
+
+    def _marker(self, p: int, i: int) -> Path:
+        return self.sync / f"pass{p}.{self.gpu}.{i}.done"
+
+    def wait(self, p: int) -> None:
+        prev = (p, self.order - 1) if self.order > 0 else (p - 1, self.peers - 1)
+        if prev[0] < 1:
+            return
+        marker, pid_file = self._marker(*prev), self.sync / f"pid.{self.gpu}.{prev[1]}"
+        while not marker.exists() and time.time() < self.deadline:
+            if pid_file.exists() and not _alive(int(pid_file.read_text() or 0)):
+                return
+            time.sleep(TURN_POLL_S)
+
+    def done(self, p: int) -> None:
+        self._marker(p, self.order).write_text("")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------- one unit
+
+
+def precompile(spec: KernelSpec, shape: Shape, dtype: str) -> int:
+    """Build and launch every candidate once on a one-row input: NVRTC compiles each here."""
+    be = detect_backend()
+    small = (1, *shape[1:])
+    inputs = spec.make_inputs(small, dtype, 0)
+    n = 0
+    for config in be.candidates(spec, shape, dtype)[1:]:
         try:
-            row["search"] = sb.compare(name, shape, dtype, seed=1)
-            kb.log(f"  search: {row['search']}")
+            mx.eval(be.build(spec, config, shape, dtype)(inputs))
+            n += 1
+        except Exception as e:  # noqa: BLE001 - the tune records it properly
+            kb.log(f"  precompile {spec.name} {config}: {type(e).__name__}: {str(e)[:200]}")
+    return n
+
+
+def compact(report: dict[str, Any]) -> dict[str, Any]:
+    """The report without per-sample lists and the golden sample (medians and percentiles stay)."""
+    out = dict(report)
+    out["trials"] = [{k: v for k, v in t.items() if k != "samples_us"} for t in report["trials"]]
+    out["golden"] = {k: v for k, v in (report.get("golden") or {}).items() if k != "sample"}
+    return out
+
+
+def run_unit(unit: dict[str, Any], turns: Turns, outdir: Path, tag: str) -> None:
+    name, dtype = unit["kernel"], unit["dtype"]
+    spec = kb.cached_spec(name)
+    rows_out = outdir / f"{tag}_{unit['id']}.jsonl"
+    tuning = outdir / f"{tag}_tuning.{unit['id']}.jsonl"
+
+    def emit(kind: str, payload: dict[str, Any]) -> None:
+        with open(rows_out, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"type": kind, "unit": unit["id"], "gpu": turns.gpu, **payload}) + "\n")
+
+    def tune(shape: Shape, strategy: str, seed: int = 0) -> Any:
+        try:
+            outcome = tune_spec(spec, shape, dtype, strategy=strategy, seed=seed)
+        except Exception as e:  # noqa: BLE001 - one failing tune must not stop the unit
+            kb.log(f"  {name} {format_shape(shape)}: FAILED {type(e).__name__}: {str(e)[:300]}")
+            return None
+        with open(tuning, "a", encoding="utf-8") as f:
+            f.write(json.dumps(compact(outcome.report), allow_nan=False) + "\n")
+        return outcome
+
+    t0 = time.monotonic()
+    shapes = [parse_shape(s) for s in unit["shapes"]]
+    compiled = precompile(spec, shapes[0], dtype)
+    kb.log(f"{unit['id']}: compiled {compiled} candidates in {time.monotonic() - t0:.0f} s")
+
+    turns.wait(1)
+    try:
+        be = detect_backend()
+        bw = kb.copy_bandwidth(be.name, 1 << 30)
+        emit("copy", {"copy_gbs": bw})
+        for shape, kind in zip(shapes, unit["kinds"], strict=True):
+            outcome = tune(shape, "halving")
+            if outcome is not None:
+                row = kb.row_for(kind, (name, shape, dtype), outcome, bw["limit"])
+                emit("table", row)
+                kb.log(f"  table: {row}")
+        if unit["primary"]:
+            shape = tuple(spec.shapes["large"][0])
+            result = sb.compare(name, shape, dtype, seed=1)
+            emit("search", result)
+            kb.log(f"  search: {result}")
             picks = []
             for _ in range(2):
-                rep = tune_spec(kb.cached_spec(name), shape, dtype, seed=0, strategy="halving").report
+                outcome = tune(shape, "halving")
+                if outcome is None:
+                    break
+                rep = outcome.report
                 best = next(t for t in rep["trials"] if t["config_key"] == rep["best_config_key"])
                 picks.append((rep["best_config_key"], best["median_us"]))
-            (k1, m1), (k2, m2) = picks
-            row["repeat"] = {"pick1": k1, "us1": m1, "pick2": k2, "us2": m2,
-                             "diff": abs(m1 - m2) / min(m1, m2)}
-            kb.log(f"  repeat: {row['repeat']}")
-        except Exception as e:  # noqa: BLE001 - keep what was measured
-            kb.log(f"  FAILED {type(e).__name__}: {str(e)[:300]}")
-        results.append(row)
-        with open(out / f"{args.tag}_session.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
-    print(kb.fmt_table([r["table"] for r in results]))
-    sb.report([r["search"] for r in results if "search" in r], chip, be, None)
-    for r in results:
-        if "repeat" in r:
-            print(r["table"]["kernel"], r["repeat"])
+            if len(picks) == 2:
+                (k1, m1), (k2, m2) = picks
+                emit("repeat", {"kernel": name, "shape": format_shape(shape), "dtype": dtype,
+                                "pick1": k1, "us1": m1, "pick2": k2, "us2": m2,
+                                "diff": abs(m1 - m2) / min(m1, m2)})
+    except Exception as e:  # noqa: BLE001 - keep what was measured
+        kb.log(f"  {unit['id']} pass 1 FAILED {type(e).__name__}: {str(e)[:300]}")
+    finally:
+        turns.done(1)
+
+    turns.wait(2)
+    try:
+        share = (turns.deadline - time.time()) / max(1, turns.peers - turns.order)
+        stop = time.time() + share
+        inner = shapes[0][1:]
+        done = {tuple(s) for s in shapes}
+        for rows in SPREAD_ROWS:
+            shape = (rows, *inner)
+            if shape in done or math.prod(shape) > SPREAD_MAX_ELEMENTS or not kb.valid(spec, shape, dtype):
+                continue
+            if time.time() > stop:
+                kb.log(f"  {unit['id']}: spread stopped at its time share")
+                break
+            if tune(shape, "exhaustive") is not None:
+                emit("spread", {"shape": format_shape(shape)})
+    finally:
+        turns.done(2)
+
+
+# ----------------------------------------------------------------------------- merge
+
+
+def merge(outdir: Path, tag: str) -> str:
+    rows: list[dict[str, Any]] = []
+    for path in sorted(outdir.glob(f"{tag}_*.jsonl")):
+        if ".jsonl" in path.name and "_tuning." not in path.name:
+            rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    order = {n: i for i, n in enumerate(NAMES)}
+    shape_order = {(n, format_shape(tuple(s))): i for n in NAMES for i, s in
+                   enumerate([*get_spec(n).shapes.get("decode", []), *get_spec(n).shapes.get("large", [])])}
+    table = sorted((r for r in rows if r["type"] == "table"),
+                   key=lambda r: (order[r["kernel"]], shape_order.get((r["kernel"], r["shape"]), 99)))
+    copies = {}
+    for r in rows:
+        if r["type"] == "copy":
+            copies.setdefault(r["gpu"], []).append(r["copy_gbs"]["limit"])
+    searches = sorted((r for r in rows if r["type"] == "search"), key=lambda r: order[r["kernel"]])
+    repeats = sorted((r for r in rows if r["type"] == "repeat"), key=lambda r: order[r["kernel"]])
+    lines = ["# copy bandwidth per GPU (GB/s, read + write; each unit measures it before its turn): "
+             + "; ".join(f"GPU {g}: {min(v):.0f}-{max(v):.0f}" for g, v in sorted(copies.items())),
+             kb.fmt_table([{k: v for k, v in r.items() if k not in ("type", "unit", "gpu")} for r in table]),
+             "", kb.summary(table), ""]
+    lines.append("## halving vs exhaustive (each kernel's first large shape; compilation excluded)")
+    text = sb.table(searches) if searches else "no search results"
+    lines += [text, "", "## repeatability: two halving tunes of the same kernel and shape"]
+    for r in repeats:
+        lines.append(f"{r['kernel']:<20} {r['shape']:<12} {r['pick1']:<24} {r['us1']:>9.2f} µs  "
+                     f"{r['pick2']:<24} {r['us2']:>9.2f} µs  medians differ {100 * r['diff']:.2f}%")
+    if repeats:
+        ok = sum(r["diff"] <= 0.03 for r in repeats)
+        worst = 100 * max(r["diff"] for r in repeats)
+        lines.append(f"picks within 3%: {ok}/{len(repeats)}; worst {worst:.2f}%")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--plan", type=int, metavar="GPUS", help="print the unit plan as JSON lines")
+    ap.add_argument("--unit", help="run this unit (one JSON object from --plan)")
+    ap.add_argument("--merge", type=Path, metavar="DIR", help="print the combined report of DIR")
+    ap.add_argument("--kernels", default=",".join(NAMES))
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--outdir", type=Path, default=Path("."))
+    ap.add_argument("--tag", default="gpu")
+    ap.add_argument("--deadline", type=float, help="epoch seconds by which every pass must end")
+    args = ap.parse_args(argv)
+    if args.plan:
+        for g, gpu_units in enumerate(plan(args.plan, args.kernels.split(","), args.dtype)):
+            for i, unit in enumerate(gpu_units):
+                print(json.dumps({"gpu": g, "order": i, "peers": len(gpu_units), **unit}))
+        return 0
+    if args.merge:
+        print(merge(args.merge, args.tag))
+        return 0
+    if not args.unit:
+        ap.error("give --plan, --unit or --merge")
+    unit = json.loads(args.unit)
+    args.outdir.mkdir(parents=True, exist_ok=True)
+    turns = Turns(args.outdir / "turns", unit["gpu"], unit["order"], unit["peers"],
+                  args.deadline or time.time() + 500)
+    kb.log(f"{detect_chip().name}: unit {unit['id']} "
+           f"({unit['order'] + 1}/{unit['peers']} on GPU {unit['gpu']})")
+    run_unit(unit, turns, args.outdir, args.tag)
     return 0
 
 

@@ -53,6 +53,7 @@ VOCABULARY: dict[str, str] = {
     "KF_ERF": "error function",
     "KF_COS": "cosine (precise for large arguments)",
     "KF_SIN": "sine (precise for large arguments)",
+    "KF_SINCOS": "KF_SINCOS(x, &s, &c): s = sin(x), c = cos(x), one range reduction where the backend has it",
     "KF_POW": "x^y",
     "KF_FMAX": "max of two floats",
     "KF_FMIN": "min of two floats",

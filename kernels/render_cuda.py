@@ -30,6 +30,7 @@ TOKENS: dict[str, str] = {
     "KF_ERF": "erff",
     "KF_COS": "cosf",
     "KF_SIN": "sinf",
+    "KF_SINCOS": "sincosf",
     "KF_POW": "powf",
     "KF_FMAX": "fmaxf",
     "KF_FMIN": "fminf",

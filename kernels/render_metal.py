@@ -28,6 +28,7 @@ TOKENS: dict[str, str] = {
     "KF_ERF": "kf_erf",
     "KF_COS": "metal::precise::cos",
     "KF_SIN": "metal::precise::sin",
+    "KF_SINCOS": "kf_sincos",
     "KF_POW": "metal::precise::pow",
     "KF_FMAX": "metal::max",
     "KF_FMIN": "metal::min",
@@ -108,6 +109,11 @@ inline float kf_row_max(float v, threadgroup float* buf, uint lane, uint warp, u
 
 // erf: Metal's standard library has none. 1 - erfc(|x|) with the Chebyshev-fitted erfc of
 // Numerical Recipes (fractional error of erfc below 1.2e-7 everywhere).
+inline void kf_sincos(float x, thread float* s, thread float* c) {
+  *s = metal::precise::sin(x);
+  *c = metal::precise::cos(x);
+}
+
 inline float kf_erf(float x) {
   float a = metal::abs(x);
   float t = 1.0f / (1.0f + 0.5f * a);

@@ -49,8 +49,9 @@ BODY = r"""
       for (int k = 0; k < V; ++k) {
         const float inv_freq = KF_EXP(float(pv * V + k) * ${NEG_LOG_BASE_OVER_HALF});
         const float theta = p * inv_freq;
-        const float c = KF_COS(theta);
-        const float sn = KF_SIN(theta);
+        float sn;
+        float c;
+        KF_SINCOS(theta, &sn, &c);
         const float xa = float(a.v[k]);
         const float xb = float(b.v[k]);
         oa.v[k] = T(xa * c - xb * sn);

@@ -6,7 +6,9 @@
   tolerance). Nothing is dropped.
 - Each good candidate is warmed up, then calibrated: K launches per round, chosen so one round
   lasts at least ``min_round_s`` (1 ms), so a decode-size launch is timed as many launches between
-  two ``mx.synchronize()`` calls rather than one launch drowned in sync overhead.
+  two ``mx.synchronize()`` calls rather than one launch drowned in sync overhead. The calibration's
+  last timing (at least a quarter round) is kept apart from the samples: search strategies may use
+  it to screen candidates (:meth:`Measurer.best_seen`); reports hold only the timed rounds.
 - A round times K launches (each ``mx.async_eval``'d) between synchronizations; one sample is the
   round time / K, in microseconds. Rounds visit the candidates in a freshly shuffled (seeded)
   order each time, so drift (clocks, heat, other tenants) hits all candidates alike.
@@ -57,6 +59,7 @@ class Trial:
     max_abs_err: float | None = None
     max_rel_err: float | None = None
     launches_per_round: int = 1
+    calibration_us: float | None = None  # per-launch time of the calibration's last timing
     fn: KernelFn | None = field(default=None, repr=False)
 
     @property
@@ -150,14 +153,15 @@ class Measurer:
         try:
             _launch(fn, self.inputs, self.warmup)
             self.backend.synchronize()
-            trial.launches_per_round = self._calibrate(fn)
+            trial.launches_per_round, trial.calibration_us = self._calibrate(fn)
         except Exception as e:  # noqa: BLE001
             trial.fail(LAUNCH_ERROR, e)
             return
         trial.fn, trial.status = fn, OK
 
-    def _calibrate(self, fn: KernelFn) -> int:
-        """Launches per round so that a round lasts at least ``min_round_s`` (also warms up)."""
+    def _calibrate(self, fn: KernelFn) -> tuple[int, float]:
+        """Launches per round so that a round lasts at least ``min_round_s`` (also warms up), and
+        the per-launch time (µs) the last calibration pass measured."""
         n = 2
         while True:
             self.backend.synchronize()
@@ -169,7 +173,7 @@ class Measurer:
                 break
             n = min(n * 4, self.max_launches)
         per_launch = max(elapsed / n, 1e-9)
-        return max(1, min(self.max_launches, math.ceil(self.min_round_s / per_launch)))
+        return max(1, min(self.max_launches, math.ceil(self.min_round_s / per_launch))), per_launch * 1e6
 
     # -------------------------------------------------------------------- timing
 
@@ -203,6 +207,19 @@ class Measurer:
 
     def median(self, key: str) -> float | None:
         return self.trials[key].median()
+
+    def samples(self, key: str) -> list[float]:
+        trial = self.trials[key]
+        return list(trial.samples_us) if trial.ok else []
+
+    def best_seen(self, keys: Sequence[str]) -> dict[str, float | None]:
+        """The fastest per-launch time seen per key, calibration included (None = failed)."""
+        out: dict[str, float | None] = {}
+        for key in keys:
+            trial = self.trials[key]
+            seen = trial.samples_us + ([trial.calibration_us] if trial.calibration_us is not None else [])
+            out[key] = min(seen) if trial.ok and seen else None
+        return out
 
     def ok_keys(self, keys: Sequence[str] | None = None) -> list[str]:
         return [k for k in (keys if keys is not None else self.trials) if self.trials[k].ok]

@@ -103,6 +103,14 @@ def test_samples_and_stats():
         assert rep["max_abs_err"] is not None and rep["max_abs_err"] <= 1e-2
     # a decode-size launch is far below 1 ms, so a round batches many launches between syncs
     assert m.trials["builtin"].launches_per_round > 1
+    # the calibration timing is kept apart from the samples, and counts for screening only
+    seen = m.best_seen(list(m.trials))
+    for key in ("builtin", "v=1", "v=2", "v=4"):
+        trial = m.trials[key]
+        assert trial.calibration_us is not None and trial.calibration_us > 0
+        assert seen[key] == min([*trial.samples_us, trial.calibration_us])
+        assert m.samples(key) == trial.samples_us
+    assert seen["v=wrong"] is None and m.samples("v=wrong") == []
 
 
 def test_rounds_interleave_candidates_in_seeded_shuffled_order():

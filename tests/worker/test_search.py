@@ -29,12 +29,19 @@ class Landscape:
         self.cost[BUILTIN_KEY] = 60.0
         self.failed = set(rng.sample(self.keys[1:], failing))
         self.noise, self.rng = noise, random.Random(seed + 1)
-        self.samples: dict[str, list[float]] = defaultdict(list)
+        self.timed: dict[str, list[float]] = defaultdict(list)  # timed rounds per key
+        self.calibration: dict[str, float] = {}  # one noisy timing at preparation, like Measurer's
         self.prepared: set[str] = set()
         self.stages: list[list[str]] = []  # keys of each measure() call that ran rounds
 
     def prepare(self, keys: Sequence[str]) -> None:
+        for k in keys:
+            if k not in self.prepared and k not in self.failed:
+                self.calibration[k] = self.sample(k)
         self.prepared.update(keys)
+
+    def sample(self, key: str) -> float:
+        return self.cost[key] * (1 + self.rng.gauss(0, self.noise))
 
     def ok_keys(self, keys: Sequence[str] | None = None) -> list[str]:
         pool = keys if keys is not None else self.keys
@@ -47,12 +54,19 @@ class Landscape:
             self.stages.append(live)
         for _ in range(rounds):
             for k in live:
-                self.samples[k].append(self.cost[k] * (1 + self.rng.gauss(0, self.noise)))
-        return {k: (sorted(self.samples[k])[len(self.samples[k]) // 2] if self.samples[k] else None)
+                self.timed[k].append(self.sample(k))
+        return {k: (sorted(self.timed[k])[len(self.timed[k]) // 2] if self.timed[k] else None)
                 if k not in self.failed else None for k in keys}
 
+    def best_seen(self, keys: Sequence[str]) -> dict[str, float | None]:
+        return {k: min(self.timed[k] + [self.calibration[k]]) if k in self.calibration else None
+                for k in keys}
+
+    def samples(self, key: str) -> list[float]:
+        return list(self.timed.get(key, [])) if key not in self.failed else []
+
     def rounds_used(self) -> int:
-        return sum(len(v) for v in self.samples.values())
+        return sum(len(v) for v in self.timed.values())
 
     def true_best(self) -> str:
         return min((c, k) for k, c in self.cost.items() if k not in self.failed)[1]
@@ -86,7 +100,7 @@ def test_exhaustive_measures_everything_equally():
     land = Landscape(40, failing=3)
     best = run("exhaustive", land)
     assert best == land.true_best()
-    counts = {k: len(v) for k, v in land.samples.items()}
+    counts = {k: len(v) for k, v in land.timed.items()}
     assert set(counts) == set(land.ok_keys()) and set(counts.values()) == {30}
 
 
@@ -100,8 +114,8 @@ def test_halving_finds_the_best_cheaply(seed):
     # screening touched everything; the built-in took part in every stage
     assert hv.prepared == set(hv.keys)
     assert all(BUILTIN_KEY in stage for stage in hv.stages)
-    # the planned step count (for progress bars) matches what ran
-    assert get_strategy("halving").planned_steps(121) == 121 + hv.rounds_used()
+    # the planned step count (for progress bars) bounds what ran (racing may end finalists early)
+    assert get_strategy("halving").planned_steps(121) >= 121 + hv.rounds_used()
 
 
 def test_halving_final_stage_is_precise_and_never_worse_than_builtin():
@@ -109,15 +123,33 @@ def test_halving_final_stage_is_precise_and_never_worse_than_builtin():
     land.cost = {k: 100.0 for k in land.keys}
     land.cost[BUILTIN_KEY] = 10.0  # the built-in is the fastest: it must win
     assert run("halving", land) == BUILTIN_KEY
-    assert len(land.samples[BUILTIN_KEY]) == 30
+    assert len(land.timed[BUILTIN_KEY]) == 30
     finalists = land.stages[-1]
     assert len(finalists) <= SuccessiveHalving().finalists + 1
+
+
+def test_halving_final_races_clearly_slower_finalists_out():
+    land = Landscape(30, seed=4, noise=0.01)
+    land.cost = {k: 100.0 + 10 * i for i, k in enumerate(land.keys)}  # c=0 fastest, 10% steps
+    land.cost[BUILTIN_KEY] = 200.0
+    hv = SuccessiveHalving()
+    assert run("halving", land) == "c=0"
+    # the leader and the built-in ran the whole final; the other finalists stopped at race_from
+    assert len(land.timed["c=0"]) == len(land.timed[BUILTIN_KEY]) == hv.final_rounds
+    others = [k for k in land.stages[-2] if k not in ("c=0", BUILTIN_KEY)]
+    assert others and all(len(land.timed[k]) == hv.race_from for k in others)
+    # a tie is never raced out: every finalist runs the full final
+    tie = Landscape(30, seed=4, noise=0.03)
+    tie.cost = {k: 100.0 for k in tie.keys}
+    run("halving", tie)
+    assert all(len(tie.timed[k]) == hv.final_rounds for k in tie.stages[-1])
+    assert len(tie.stages[-1]) == hv.finalists + 1
 
 
 def test_halving_with_every_custom_failing_measures_builtin():
     land = Landscape(10, failing=10)
     assert run("halving", land) == BUILTIN_KEY
-    assert len(land.samples[BUILTIN_KEY]) == 30
+    assert len(land.timed[BUILTIN_KEY]) == 30
 
 
 def test_halving_budget_cuts_to_a_short_final():
@@ -126,35 +158,35 @@ def test_halving_budget_cuts_to_a_short_final():
     hv = SuccessiveHalving()
     assert len(land.stages) == 2  # screening, then straight to a short final
     assert len(land.stages[1]) == hv.finalists + 1 and BUILTIN_KEY in land.stages[1]
-    assert len(land.samples[best]) == 2 * hv.screen_rounds
+    assert len(land.timed[best]) == 2 * hv.screen_rounds
 
 
 def test_exhaustive_budget_keeps_min_rounds_for_everyone():
     land = Landscape(20)
     run("exhaustive", land, CountingBudget(0))
-    assert {len(v) for v in land.samples.values()} == {3}
+    assert {len(v) for v in land.timed.values()} == {3}
 
 
 def test_random_samples_a_fraction_and_respects_budget():
     land = Landscape(100, seed=2)
     best = run("random", land)
     r = RandomSearch()
-    measured = set(land.samples)
+    measured = set(land.timed)
     assert BUILTIN_KEY in measured and len(measured) == 1 + r.sample_size(100) == 26
     assert land.cost[best] <= 1.03 * min(land.cost[k] for k in measured)
     small = Landscape(100, seed=2)
     run("random", small, CountingBudget(0))  # budget spent after the first batch
-    assert len(small.samples) == 1 + r.batch
-    assert {len(v) for v in small.samples.values()} == {r.min_rounds}
+    assert len(small.timed) == 1 + r.batch
+    assert {len(v) for v in small.timed.values()} == {r.min_rounds}
     # seeded: the same sample twice
     again = Landscape(100, seed=2)
     run("random", again)
-    assert set(again.samples) == measured
+    assert set(again.timed) == measured
 
 
 def test_halving_rung_plan():
     hv = SuccessiveHalving(screen_rounds=3, eta=4, finalists=3, final_rounds=30)
-    assert SuccessiveHalving()._rungs(60) == [(15, 8), (4, 15), (3, 30)]  # the defaults: 2 screening rounds
+    assert SuccessiveHalving()._rungs(60) == [(15, 4), (4, 15), (3, 30)]  # the defaults: 1 screening round
     assert hv._rungs(60) == [(15, 12), (4, 15), (3, 30)]
     assert hv._rungs(500) == [(125, 12), (32, 15), (8, 15), (3, 30)]
     assert hv._rungs(2) == [(2, 30)]

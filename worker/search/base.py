@@ -6,7 +6,9 @@ the algorithms pass a synthetic one). Invariants every strategy keeps:
 
 - the built-in (key ``"builtin"``) is measured in every stage, up to the last one, so the chosen
   best is never slower than the built-in as measured;
-- the best is the lowest median among the candidates of the final (most precise) stage.
+- the best is the lowest median among the candidates of the final (most precise) stage;
+- a candidate dropped before the end of the final stage (racing) has a higher median than the
+  candidate that was leading when it was dropped.
 
 Budget: ``Budget(seconds)`` is a soft wall-clock limit on the search, checked between
 measurement steps (a step already started finishes). Each strategy documents what it gives up
@@ -42,6 +44,13 @@ class Measures(Protocol):
 
     def ok_keys(self, keys: Sequence[str] | None = None) -> list[str]:
         """Those of ``keys`` that are prepared and still good."""
+
+    def samples(self, key: str) -> Sequence[float]:
+        """The timed samples of ``key`` so far (empty when failed or not measured)."""
+
+    def best_seen(self, keys: Sequence[str]) -> dict[str, float | None]:
+        """The fastest time seen per key, including preparation's calibration timing: a cheap,
+        spike-robust screening score (None = failed)."""
 
 
 @dataclass

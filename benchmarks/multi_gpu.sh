@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The worker benchmarks on every GPU of this host: kernel table, halving vs exhaustive, repeatability and
+# dense tuning data (benchmarks/session.py says how the work is cut and why). Run from the repository root
+# after `source .mlxcuda/b/setup.sh`; results go to $OUT (default benchmarks/results/new):
+#   <tag>_session.txt   the combined report      <tag>_tuning.jsonl   every tuning report (compact)
+# Environment: BUDGET_S (default 480) seconds for all passes; KERNELS (default: the catalog); GPUS (default:
+# every GPU nvidia-smi lists); TAG (default: the card's model, e.g. h100).
+set -u
+OUT="${OUT:-benchmarks/results/new}"; mkdir -p "$OUT"
+TAG="${TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oi 'h[0-9]\{3\}' | tr 'A-Z' 'a-z')}"
+TAG="${TAG:-gpu}"
+GPUS="${GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}"
+GPUS="${GPUS:-1}"; [ "$GPUS" -ge 1 ] || GPUS=1
+BUDGET_S="${BUDGET_S:-480}"
+mkdir -p /tmp/kf/kernelfleet && cp -r kernels worker /tmp/kf/kernelfleet/
+export PYTHONPATH="/tmp/kf${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 MLX_ENABLE_CACHE_THRASHING_CHECK=0
+deadline=$(( $(date +%s) + BUDGET_S ))
+python3 benchmarks/session.py --plan "$GPUS" ${KERNELS:+--kernels "$KERNELS"} > "$OUT/plan.jsonl" || exit 1
+echo "$(wc -l < "$OUT/plan.jsonl") units on $GPUS GPU(s), passes end by $(date -d "@$deadline" +%T)"
+while read -r unit; do
+  gpu=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["gpu"])' "$unit")
+  id=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["id"])' "$unit")
+  CUDA_VISIBLE_DEVICES="$gpu" timeout $(( BUDGET_S + 30 )) python3 benchmarks/session.py --unit "$unit" \
+    --outdir "$OUT" --tag "$TAG" --deadline "$deadline" 2> "$OUT/log.$id" &
+done < "$OUT/plan.jsonl"
+wait
+cat "$OUT"/"$TAG"_tuning.*.jsonl > "$OUT/${TAG}_tuning.jsonl" 2>/dev/null && rm -f "$OUT"/"$TAG"_tuning.*.jsonl
+python3 benchmarks/session.py --merge "$OUT" --tag "$TAG" > "$OUT/${TAG}_session.txt"
+cat "$OUT/${TAG}_session.txt"
