@@ -168,11 +168,11 @@ def spread_plan(specs: Sequence[KernelSpec], dtypes: Sequence[str], seed: int = 
 
 @functools.cache
 def cached_spec(name: str) -> KernelSpec:
-    """The catalog spec with its (deterministic, seeded) inputs memoized for the last two
+    """The catalog spec with its (deterministic, seeded) inputs memoized for the last four
     (shape, dtype, seed): generating a 16384x8192 input with numpy takes seconds, and the
     benchmarks tune the same inputs several times. Nothing else changes."""
     spec = get_spec(name)
-    make = functools.lru_cache(maxsize=2)(lambda shape, dtype, seed: spec.make_inputs(shape, dtype, seed))
+    make = functools.lru_cache(maxsize=4)(lambda shape, dtype, seed: spec.make_inputs(shape, dtype, seed))
     return dataclasses.replace(spec, make_inputs=lambda shape, dtype, seed: make(tuple(shape), dtype, seed))
 
 
