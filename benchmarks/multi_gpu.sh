@@ -6,7 +6,7 @@
 # Environment: BUDGET_S (default 480) seconds for all passes; KERNELS (default: the catalog); GPUS (default:
 # every GPU nvidia-smi lists); TAG (default: the card's model, e.g. h100).
 set -u
-OUT="${OUT:-benchmarks/results/new}"; mkdir -p "$OUT"
+OUT="${OUT:-benchmarks/results/new}"; mkdir -p "$OUT"; rm -rf "$OUT/turns"
 TAG="${TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oi 'h[0-9]\{3\}' | tr 'A-Z' 'a-z')}"
 TAG="${TAG:-gpu}"
 GPUS="${GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}"

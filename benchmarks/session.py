@@ -10,8 +10,10 @@ cut into *units* -- one kernel and the shapes that share its compiled code (same
 and each unit runs in its own process:
 
 1. compile: every candidate of the unit is built and launched once on a one-row input (the
-   template values do not depend on the row count), in parallel with every other unit;
-2. pass 1, one unit at a time per GPU (turns by marker files, so timings never share a GPU):
+   template values do not depend on the row count), in parallel with every other unit, and the
+   unit's inputs are generated;
+2. pass 1, once every unit of the host has compiled, one unit at a time per GPU (turns by marker
+   files, so timings never share a GPU with anything):
    the copy bandwidth, a tune of every table shape (successive halving; kernel-table rows) and,
    for a unit holding the kernel's first large shape, halving vs exhaustive search (the search
    benchmark) and two more tunes (repeatability);
@@ -119,23 +121,34 @@ class Turns:
     unit of pass p-1 for i = 0). A marker is written even when a unit fails; a waiter also stops
     waiting when its predecessor's process is gone or the deadline passes."""
 
-    def __init__(self, sync: Path, gpu: int, order: int, peers: int, deadline: float) -> None:
+    def __init__(self, sync: Path, gpu: int, order: int, peers: int, units: int, deadline: float) -> None:
         self.sync, self.gpu, self.order, self.peers, self.deadline = sync, gpu, order, peers, deadline
+        self.units = units  # on the whole host
         sync.mkdir(parents=True, exist_ok=True)
         (sync / f"pid.{gpu}.{order}").write_text(str(os.getpid()))
 
-    def _marker(self, p: int, i: int) -> Path:
-        return self.sync / f"pass{p}.{self.gpu}.{i}.done"
+    def _marker(self, p: int, i: int, gpu: int | None = None) -> Path:
+        return self.sync / f"pass{p}.{self.gpu if gpu is None else gpu}.{i}.done"
 
-    def wait(self, p: int) -> None:
-        prev = (p, self.order - 1) if self.order > 0 else (p - 1, self.peers - 1)
-        if prev[0] < 1:
-            return
-        marker, pid_file = self._marker(*prev), self.sync / f"pid.{self.gpu}.{prev[1]}"
+    def _wait_for(self, marker: Path, pid_file: Path) -> None:
         while not marker.exists() and time.time() < self.deadline:
             if pid_file.exists() and not _alive(int(pid_file.read_text() or 0)):
                 return
             time.sleep(TURN_POLL_S)
+
+    def wait(self, p: int) -> None:
+        """Pass 0 is compilation (no turns); pass 1 starts once every unit of the host has compiled:
+        a compiling process launches kernels and copies inputs, which would disturb timings."""
+        if p == 1 and self.order == 0:
+            while len(list(self.sync.glob("pid.*"))) < self.units and time.time() < self.deadline:
+                time.sleep(TURN_POLL_S)  # every unit's process has started
+            for pid_file in sorted(self.sync.glob("pid.*")):
+                gpu, order = (int(x) for x in pid_file.name.split(".")[1:])
+                self._wait_for(self._marker(0, order, gpu), pid_file)
+        prev = (p, self.order - 1) if self.order > 0 else (p - 1, self.peers - 1)
+        if prev[0] < 1:
+            return
+        self._wait_for(self._marker(*prev), self.sync / f"pid.{self.gpu}.{prev[1]}")
 
     def done(self, p: int) -> None:
         self._marker(p, self.order).write_text("")
@@ -197,10 +210,13 @@ def run_unit(unit: dict[str, Any], turns: Turns, outdir: Path, tag: str) -> None
 
     t0 = time.monotonic()
     shapes = [parse_shape(s) for s in unit["shapes"]]
-    compiled = precompile(spec, shapes[0], dtype)
-    for shape in shapes:  # inputs are generated with numpy (seconds for large shapes): before the turn
-        spec.make_inputs(shape, dtype, 0)
-    kb.log(f"{unit['id']}: compiled {compiled} candidates, inputs ready in {time.monotonic() - t0:.0f} s")
+    try:
+        compiled = precompile(spec, shapes[0], dtype)
+        for shape in shapes:  # inputs are generated with numpy (seconds for large shapes): before the turn
+            mx.eval(spec.make_inputs(shape, dtype, 0))
+        kb.log(f"{unit['id']}: compiled {compiled} candidates, inputs ready in {time.monotonic() - t0:.0f} s")
+    finally:
+        turns.done(0)
 
     turns.wait(1)
     try:
@@ -306,9 +322,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--deadline", type=float, help="epoch seconds by which every pass must end")
     args = ap.parse_args(argv)
     if args.plan:
-        for g, gpu_units in enumerate(plan(args.plan, args.kernels.split(","), args.dtype)):
+        per_gpu = plan(args.plan, args.kernels.split(","), args.dtype)
+        total = sum(len(u) for u in per_gpu)
+        for g, gpu_units in enumerate(per_gpu):
             for i, unit in enumerate(gpu_units):
-                print(json.dumps({"gpu": g, "order": i, "peers": len(gpu_units), **unit}))
+                print(json.dumps({"gpu": g, "order": i, "peers": len(gpu_units), "units": total, **unit}))
         return 0
     if args.merge:
         print(merge(args.merge, args.tag))
@@ -317,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("give --plan, --unit or --merge")
     unit = json.loads(args.unit)
     args.outdir.mkdir(parents=True, exist_ok=True)
-    turns = Turns(args.outdir / "turns", unit["gpu"], unit["order"], unit["peers"],
+    turns = Turns(args.outdir / "turns", unit["gpu"], unit["order"], unit["peers"], unit["units"],
                   args.deadline or time.time() + 500)
     kb.log(f"{detect_chip().name}: unit {unit['id']} "
            f"({unit['order'] + 1}/{unit['peers']} on GPU {unit['gpu']})")
