@@ -60,6 +60,10 @@ from kernelfleet.worker.tuner import tune_spec  # noqa: E402
 SPREAD_ROWS = (8, 64, 256, 512, 1024, 2048, 4096, 8192, 16384)
 SPREAD_MAX_ELEMENTS = 1 << 25
 TURN_POLL_S = 0.5
+# MLX keeps freed buffers in a per-process cache: two dozen processes on one GPU must not hoard them.
+# A unit caches up to this much during its turn (so timed launches reuse output buffers) and
+# returns everything to the device when its turn ends.
+TURN_CACHE_BYTES = 8 << 30
 
 
 # ----------------------------------------------------------------------------- units
@@ -209,6 +213,7 @@ def run_unit(unit: dict[str, Any], turns: Turns, outdir: Path, tag: str) -> None
         return outcome
 
     t0 = time.monotonic()
+    mx.set_cache_limit(0)
     shapes = [parse_shape(s) for s in unit["shapes"]]
     try:
         compiled = precompile(spec, shapes[0], dtype)
@@ -219,6 +224,7 @@ def run_unit(unit: dict[str, Any], turns: Turns, outdir: Path, tag: str) -> None
         turns.done(0)
 
     turns.wait(1)
+    mx.set_cache_limit(TURN_CACHE_BYTES)
     try:
         be = detect_backend()
         bw = kb.copy_bandwidth(be.name, 1 << 30)
@@ -250,9 +256,10 @@ def run_unit(unit: dict[str, Any], turns: Turns, outdir: Path, tag: str) -> None
     except Exception as e:  # noqa: BLE001 - keep what was measured
         kb.log(f"  {unit['id']} pass 1 FAILED {type(e).__name__}: {str(e)[:300]}")
     finally:
-        turns.done(1)
+        end_turn(1, turns)
 
     turns.wait(2)
+    mx.set_cache_limit(TURN_CACHE_BYTES)
     try:
         share = (turns.deadline - time.time()) / max(1, turns.peers - turns.order)
         stop = time.time() + share
@@ -268,7 +275,15 @@ def run_unit(unit: dict[str, Any], turns: Turns, outdir: Path, tag: str) -> None
             if tune(shape, "exhaustive") is not None:
                 emit("spread", {"shape": format_shape(shape)})
     finally:
-        turns.done(2)
+        end_turn(2, turns)
+
+
+def end_turn(p: int, turns: Turns) -> None:
+    kb.log(f"  pass {p} done: peak {mx.get_peak_memory() / 1e9:.1f} GB, "
+           f"cache {mx.get_cache_memory() / 1e9:.1f} GB")
+    mx.clear_cache()
+    mx.set_cache_limit(0)
+    turns.done(p)
 
 
 # ----------------------------------------------------------------------------- merge
