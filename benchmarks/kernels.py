@@ -166,15 +166,19 @@ def spread_plan(specs: Sequence[KernelSpec], dtypes: Sequence[str], seed: int = 
 # ----------------------------------------------------------------------------- tuning
 
 
-@functools.cache
-def cached_spec(name: str) -> KernelSpec:
-    """The catalog spec with its (deterministic, seeded) inputs memoized for the last four
-    (shape, dtype, seed): generating a 16384x8192 input with numpy takes seconds, and the
-    benchmarks tune the same inputs several times. Nothing else changes."""
-    spec = get_spec(name)
-    make = functools.lru_cache(maxsize=4)(lambda shape, dtype, seed: spec.make_inputs(shape, dtype, seed))
+def memoize_inputs(spec: KernelSpec, size: int) -> KernelSpec:
+    """``spec`` with its (deterministic, seeded) inputs memoized for the last ``size``
+    (shape, dtype, seed). Nothing else changes."""
+    make = functools.lru_cache(maxsize=size)(lambda shape, dtype, seed: spec.make_inputs(shape, dtype, seed))
     return dataclasses.replace(spec, make_inputs=lambda shape, dtype, seed: make(tuple(shape), dtype, seed))
 
+
+@functools.cache
+def cached_spec(name: str) -> KernelSpec:
+    """The catalog spec with its inputs memoized for the last four (shape, dtype, seed):
+    generating a 16384x8192 input with numpy takes seconds, and the benchmarks tune the same
+    inputs several times."""
+    return memoize_inputs(get_spec(name), 4)
 
 
 def run_tune(task: Task, jsonl: str | None, strategy: str = "halving", seed: int = 0) -> TuneOutcome | None:

@@ -4,7 +4,8 @@
 # after `source .mlxcuda/b/setup.sh`; results go to $OUT (default benchmarks/results/new):
 #   <tag>_session.txt   the combined report      <tag>_tuning.jsonl   every tuning report (compact)
 # Environment: BUDGET_S (default 480) seconds for all passes; KERNELS (default: the catalog); GPUS (default:
-# every GPU nvidia-smi lists); TAG (default: the card's model, e.g. h100).
+# every GPU nvidia-smi lists); TAG (default: the card's model, e.g. h100); PASSES (default 1,2; 2 = only the
+# dense tuning data).
 set -u
 OUT="${OUT:-benchmarks/results/new}"; mkdir -p "$OUT"; rm -rf "$OUT/turns"
 TAG="${TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oi 'h[0-9]\{3\}' | tr 'A-Z' 'a-z')}"
@@ -21,7 +22,7 @@ while read -r unit; do
   gpu=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["gpu"])' "$unit")
   id=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["id"])' "$unit")
   CUDA_VISIBLE_DEVICES="$gpu" timeout $(( BUDGET_S + 30 )) python3 benchmarks/session.py --unit "$unit" \
-    --outdir "$OUT" --tag "$TAG" --deadline "$deadline" 2> "$OUT/log.$id" &
+    --outdir "$OUT" --tag "$TAG" --deadline "$deadline" --passes "${PASSES:-1,2}" 2> "$OUT/log.$id" &
 done < "$OUT/plan.jsonl"
 wait
 cat "$OUT"/"$TAG"_tuning.*.jsonl > "$OUT/${TAG}_tuning.jsonl" 2>/dev/null && rm -f "$OUT"/"$TAG"_tuning.*.jsonl

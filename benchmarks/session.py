@@ -57,7 +57,7 @@ from kernelfleet.worker.backends import detect_backend  # noqa: E402
 from kernelfleet.worker.chip import detect_chip  # noqa: E402
 from kernelfleet.worker.tuner import tune_spec  # noqa: E402
 
-SPREAD_ROWS = (8, 64, 256, 512, 1024, 2048, 4096, 8192, 16384)
+SPREAD_ROWS = (256, 4096, 64, 1024, 16384, 8, 512, 2048, 8192)  # spread out first: a time share may cut it
 SPREAD_MAX_ELEMENTS = 1 << 25
 TURN_POLL_S = 0.5
 # MLX keeps freed buffers in a per-process cache: two dozen processes on one GPU must not hoard them.
@@ -192,9 +192,51 @@ def compact(report: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run_unit(unit: dict[str, Any], turns: Turns, outdir: Path, tag: str) -> None:
+def spread_shapes(spec: KernelSpec, shapes: Sequence[Shape], dtype: str) -> list[Shape]:
+    """More row counts at the unit's compiled row length (shapes of the table excluded)."""
+    out = []
+    for rows in SPREAD_ROWS:
+        shape = (rows, *shapes[0][1:])
+        if shape not in shapes and math.prod(shape) <= SPREAD_MAX_ELEMENTS and kb.valid(spec, shape, dtype):
+            out.append(shape)
+    return out
+
+
+def table_pass(unit: dict[str, Any], spec: KernelSpec, shapes: Sequence[Shape], emit: Any, tune: Any) -> None:
+    """Pass 1: copy bandwidth, the table shapes, and search + repeatability for a primary unit."""
     name, dtype = unit["kernel"], unit["dtype"]
-    spec = kb.cached_spec(name)
+    be = detect_backend()
+    bw = kb.copy_bandwidth(be.name, 1 << 30)
+    emit("copy", {"copy_gbs": bw})
+    for shape, kind in zip(shapes, unit["kinds"], strict=True):
+        outcome = tune(shape, "halving")
+        if outcome is not None:
+            row = kb.row_for(kind, (name, shape, dtype), outcome, bw["limit"])
+            emit("table", row)
+            kb.log(f"  table: {row}")
+    if unit["primary"]:
+        shape = tuple(spec.shapes["large"][0])
+        result = sb.compare(name, shape, dtype, seed=0)
+        emit("search", result)
+        kb.log(f"  search: {result}")
+        picks = []
+        for _ in range(2):
+            outcome = tune(shape, "halving")
+            if outcome is None:
+                break
+            rep = outcome.report
+            best = next(t for t in rep["trials"] if t["config_key"] == rep["best_config_key"])
+            picks.append((rep["best_config_key"], best["median_us"]))
+        if len(picks) == 2:
+            (k1, m1), (k2, m2) = picks
+            emit("repeat", {"kernel": name, "shape": format_shape(shape), "dtype": dtype,
+                            "pick1": k1, "us1": m1, "pick2": k2, "us2": m2,
+                            "diff": abs(m1 - m2) / min(m1, m2)})
+
+
+def run_unit(unit: dict[str, Any], turns: Turns, outdir: Path, tag: str, passes: Sequence[int]) -> None:
+    name, dtype = unit["kernel"], unit["dtype"]
+    spec = kb.memoize_inputs(get_spec(name), 16)
     rows_out = outdir / f"{tag}_{unit['id']}.jsonl"
     tuning = outdir / f"{tag}_tuning.{unit['id']}.jsonl"
 
@@ -217,7 +259,9 @@ def run_unit(unit: dict[str, Any], turns: Turns, outdir: Path, tag: str) -> None
     shapes = [parse_shape(s) for s in unit["shapes"]]
     try:
         compiled = precompile(spec, shapes[0], dtype)
-        for shape in shapes:  # inputs are generated with numpy (seconds for large shapes): before the turn
+        spread = spread_shapes(spec, shapes, dtype) if 2 in passes else []
+        table = shapes if 1 in passes else []
+        for shape in [*table, *spread]:  # numpy makes the inputs (seconds for large shapes): before the turn
             mx.eval(spec.make_inputs(shape, dtype, 0))
         kb.log(f"{unit['id']}: compiled {compiled} candidates, inputs ready in {time.monotonic() - t0:.0f} s")
     finally:
@@ -226,33 +270,8 @@ def run_unit(unit: dict[str, Any], turns: Turns, outdir: Path, tag: str) -> None
     turns.wait(1)
     mx.set_cache_limit(TURN_CACHE_BYTES)
     try:
-        be = detect_backend()
-        bw = kb.copy_bandwidth(be.name, 1 << 30)
-        emit("copy", {"copy_gbs": bw})
-        for shape, kind in zip(shapes, unit["kinds"], strict=True):
-            outcome = tune(shape, "halving")
-            if outcome is not None:
-                row = kb.row_for(kind, (name, shape, dtype), outcome, bw["limit"])
-                emit("table", row)
-                kb.log(f"  table: {row}")
-        if unit["primary"]:
-            shape = tuple(spec.shapes["large"][0])
-            result = sb.compare(name, shape, dtype, seed=0)
-            emit("search", result)
-            kb.log(f"  search: {result}")
-            picks = []
-            for _ in range(2):
-                outcome = tune(shape, "halving")
-                if outcome is None:
-                    break
-                rep = outcome.report
-                best = next(t for t in rep["trials"] if t["config_key"] == rep["best_config_key"])
-                picks.append((rep["best_config_key"], best["median_us"]))
-            if len(picks) == 2:
-                (k1, m1), (k2, m2) = picks
-                emit("repeat", {"kernel": name, "shape": format_shape(shape), "dtype": dtype,
-                                "pick1": k1, "us1": m1, "pick2": k2, "us2": m2,
-                                "diff": abs(m1 - m2) / min(m1, m2)})
+        if 1 in passes:
+            table_pass(unit, spec, shapes, emit, tune)
     except Exception as e:  # noqa: BLE001 - keep what was measured
         kb.log(f"  {unit['id']} pass 1 FAILED {type(e).__name__}: {str(e)[:300]}")
     finally:
@@ -263,12 +282,7 @@ def run_unit(unit: dict[str, Any], turns: Turns, outdir: Path, tag: str) -> None
     try:
         share = (turns.deadline - time.time()) / max(1, turns.peers - turns.order)
         stop = time.time() + share
-        inner = shapes[0][1:]
-        done = {tuple(s) for s in shapes}
-        for rows in SPREAD_ROWS:
-            shape = (rows, *inner)
-            if shape in done or math.prod(shape) > SPREAD_MAX_ELEMENTS or not kb.valid(spec, shape, dtype):
-                continue
+        for shape in spread:
             if time.time() > stop:
                 kb.log(f"  {unit['id']}: spread stopped at its time share")
                 break
@@ -335,6 +349,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--outdir", type=Path, default=Path("."))
     ap.add_argument("--tag", default="gpu")
     ap.add_argument("--deadline", type=float, help="epoch seconds by which every pass must end")
+    ap.add_argument("--passes", default="1,2",
+                    help="which timed passes to run (1: table, search, repeat; 2: spread)")
     args = ap.parse_args(argv)
     if args.plan:
         per_gpu = plan(args.plan, args.kernels.split(","), args.dtype)
@@ -354,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   args.deadline or time.time() + 500)
     kb.log(f"{detect_chip().name}: unit {unit['id']} "
            f"({unit['order'] + 1}/{unit['peers']} on GPU {unit['gpu']})")
-    run_unit(unit, turns, args.outdir, args.tag)
+    run_unit(unit, turns, args.outdir, args.tag, [int(p) for p in args.passes.split(",")])
     return 0
 
 
