@@ -29,9 +29,11 @@ from kernelfleet.service.predict import ChipTable, predict
 from kernelfleet.service.profiles import _validator
 
 RESULTS = Path(__file__).parent / "results"
-# real GPU measurements: kernels.py runs on an H100 and an H200, and the H100 worker campaign
-# (exhaustive, 4 row-wise kernels x 5 row counts) exported from its coordinator's database
-GPU_FILES = ("h100_tuning.jsonl", "h100_fleet_tuning.jsonl", "h200_tuning.jsonl")
+# real GPU measurements: kernels.py runs on an H100 and an H200, the H100 worker campaign (exhaustive,
+# 4 row-wise kernels x 5 row counts) exported from its coordinator's database, and the H100 session
+# (multi_gpu.sh: every kernel's table shapes, halving; then a spread-only run: exhaustive, more row counts)
+GPU_FILES = ("h100_tuning.jsonl", "h100_fleet_tuning.jsonl", "h200_tuning.jsonl", "h100_session_tuning.jsonl",
+             "h100_spread_tuning.jsonl")
 Key = tuple[str, str, str, str]  # chip, kernel, shape, dtype
 
 

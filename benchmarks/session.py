@@ -64,6 +64,7 @@ TURN_POLL_S = 0.5
 # A unit caches up to this much during its turn (so timed launches reuse output buffers) and
 # returns everything to the device when its turn ends.
 TURN_CACHE_BYTES = 8 << 30
+DISTURBED = 0.8
 
 
 # ----------------------------------------------------------------------------- units
@@ -128,6 +129,7 @@ class Turns:
     def __init__(self, sync: Path, gpu: int, order: int, peers: int, units: int, deadline: float) -> None:
         self.sync, self.gpu, self.order, self.peers, self.deadline = sync, gpu, order, peers, deadline
         self.units = units  # on the whole host
+        self.late = False  # the current turn began at the deadline, not after its predecessor
         sync.mkdir(parents=True, exist_ok=True)
         (sync / f"pid.{gpu}.{order}").write_text(str(os.getpid()))
 
@@ -135,7 +137,11 @@ class Turns:
         return self.sync / f"pass{p}.{self.gpu if gpu is None else gpu}.{i}.done"
 
     def _wait_for(self, marker: Path, pid_file: Path) -> None:
-        while not marker.exists() and time.time() < self.deadline:
+        self.late = False
+        while not marker.exists():
+            if time.time() >= self.deadline:
+                self.late = True  # the turn starts anyway, perhaps beside another unit's
+                return
             if pid_file.exists() and not _alive(int(pid_file.read_text() or 0)):
                 return
             time.sleep(TURN_POLL_S)
@@ -242,7 +248,8 @@ def run_unit(unit: dict[str, Any], turns: Turns, outdir: Path, tag: str, passes:
 
     def emit(kind: str, payload: dict[str, Any]) -> None:
         with open(rows_out, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"type": kind, "unit": unit["id"], "gpu": turns.gpu, **payload}) + "\n")
+            f.write(json.dumps({"type": kind, "unit": unit["id"], "gpu": turns.gpu, "late": turns.late,
+                                **payload}) + "\n")
 
     def tune(shape: Shape, strategy: str, seed: int = 0) -> Any:
         try:
@@ -311,18 +318,37 @@ def merge(outdir: Path, tag: str) -> str:
     order = {n: i for i, n in enumerate(NAMES)}
     shape_order = {(n, format_shape(tuple(s))): i for n in NAMES for i, s in
                    enumerate([*get_spec(n).shapes.get("decode", []), *get_spec(n).shapes.get("large", [])])}
-    table = sorted((r for r in rows if r["type"] == "table"),
-                   key=lambda r: (order[r["kernel"]], shape_order.get((r["kernel"], r["shape"]), 99)))
-    copies = {}
+    copies: dict[int, dict[str, float]] = {}
     for r in rows:
         if r["type"] == "copy":
-            copies.setdefault(r["gpu"], []).append(r["copy_gbs"]["limit"])
-    searches = sorted((r for r in rows if r["type"] == "search"), key=lambda r: order[r["kernel"]])
-    repeats = sorted((r for r in rows if r["type"] == "repeat"), key=lambda r: order[r["kernel"]])
-    lines = ["# copy bandwidth per GPU (GB/s, read + write; each unit measures it before its turn): "
-             + "; ".join(f"GPU {g}: {min(v):.0f}-{max(v):.0f}" for g, v in sorted(copies.items())),
-             kb.fmt_table([{k: v for k, v in r.items() if k not in ("type", "unit", "gpu")} for r in table]),
-             "", kb.summary(table), ""]
+            copies.setdefault(r["gpu"], {})[r["unit"]] = r["copy_gbs"]["limit"]
+    # A unit whose copy measurement is far below its GPU's best timed a disturbed GPU (e.g. a turn that
+    # started at the deadline, together with others): its rows are shown apart, outside the summary.
+    disturbed = {u for g, per in copies.items() for u, v in per.items() if v < DISTURBED * max(per.values())}
+    disturbed |= {r["unit"] for r in rows if r.get("late")}
+    table = sorted((r for r in rows if r["type"] == "table"),
+                   key=lambda r: (order[r["kernel"]], shape_order.get((r["kernel"], r["shape"]), 99)))
+    for r in table:  # % copy against the GPU's best copy measurement
+        limit = max(copies[r["gpu"]].values())
+        r["pct_copy"] = 100 * r["tuned_gbs"] / limit
+    clean = [r for r in table if r["unit"] not in disturbed]
+    searches = sorted((r for r in rows if r["type"] == "search" and r["unit"] not in disturbed),
+                      key=lambda r: order[r["kernel"]])
+    repeats = sorted((r for r in rows if r["type"] == "repeat" and r["unit"] not in disturbed),
+                     key=lambda r: order[r["kernel"]])
+
+    def strip(rs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if k not in ("type", "unit", "gpu")} for r in rs]
+
+    lines = ["# copy bandwidth per GPU (GB/s, read + write; measured by each unit before its turn; % copy "
+             "uses the GPU's best): "
+             + "; ".join(f"GPU {g}: {min(v.values()):.0f}-{max(v.values()):.0f}"
+                         for g, v in sorted(copies.items())),
+             kb.fmt_table(strip(clean)), "", kb.summary(strip(clean)), ""]
+    if disturbed:
+        lines += [f"## disturbed units (copy measured below {DISTURBED:.0%} of the GPU's best): "
+                  f"{', '.join(sorted(disturbed))}; their rows, outside every figure above and below:",
+                  kb.fmt_table(strip([r for r in table if r["unit"] in disturbed])), ""]
     lines.append("## halving vs exhaustive (each kernel's first large shape; compilation excluded)")
     text = sb.table(searches) if searches else "no search results"
     lines += [text, "", "## repeatability: two halving tunes of the same kernel and shape"]
