@@ -125,6 +125,11 @@ def _check(shape: Shape) -> None:
 
 TOLS = dict(TOLERANCES)
 TOLS["float32"] = Tolerance(atol=1e-3, rtol=1e-3)
+# A rotation output is a difference of two products of the inputs: where it nearly cancels, its
+# rounding error follows |x|, not |out|. MLX's CPU rope keeps bfloat16 intermediates: on
+# 512x2048x128 normal inputs (|x| up to ~6) it is off by up to 0.038 (about one bfloat16 ulp at that
+# magnitude) at 5 of 134M values. atol = one ulp for |x| in [8, 16) covers it.
+TOLS["bfloat16"] = Tolerance(atol=6.25e-2, rtol=2e-2)
 
 SPEC = KernelSpec(
     name="rope",

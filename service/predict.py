@@ -3,8 +3,11 @@
 Every measured (chip, shape, dtype) of a kernel is a *source*: its configs' times relative to its
 best. A source's weight is how close it is to the target:
 
-- shape distance: the sum over dimensions of ``|log(a_i / b_i)|`` (same rank only), plus one for a
-  different dtype; weight ``exp(-distance / SHAPE_SCALE)``;
+- shape distance (same rank only): ``|log(numel_a / numel_b)|``, how much more work one does, plus
+  ``|log(a_i / b_i)|`` over every dimension after the first (row length, heads, experts: what the
+  configs are built around), plus one for a different dtype; weight ``exp(-distance / SHAPE_SCALE)``.
+  The total size decides most of a kernel's regime on a GPU (launch-bound, in L2, streaming from
+  memory), so 2048x8192 is as close to 4096x4096 as the sizes say, not two factors of two away;
 - chip similarity: 1 for the target chip itself; for another chip, how good that chip's choices
   are on the target where both measured the same (kernel, shape, dtype) (``exp(-mean log slowdown
   / 0.05)``, capped at ``OTHER_CHIP_CAP`` so the chip's own data leads), or a small prior from the
@@ -23,7 +26,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-SHAPE_SCALE = 1.0
+SHAPE_SCALE = 0.5
 OTHER_CHIP_CAP = 0.8
 NAME_PRIOR = 0.3
 MIN_COVERAGE = 0.5
@@ -56,7 +59,8 @@ def shape_distance(a: str, b: str) -> float | None:
     da, db = parse_dims(a), parse_dims(b)
     if da is None or db is None or len(da) != len(db):
         return None
-    return float(sum(abs(math.log(x / y)) for x, y in zip(da, db, strict=True)))
+    size = abs(math.log(math.prod(da) / math.prod(db)))
+    return float(size + sum(abs(math.log(x / y)) for x, y in zip(da[1:], db[1:], strict=True)))
 
 
 def numel_ratio(target: str, source: str) -> float:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from kernelfleet.service.predict import chip_similarity, predict, shape_distance
@@ -42,3 +44,8 @@ def test_similar_chips_count_by_how_well_their_choices_do() -> None:
     # with no shared measurements, names give a small prior
     assert 0 < chip_similarity("Apple M3 Max", "Apple M3 Pro", {}) < chip_similarity("A", "A", {}) == 1.0
     assert shape_distance("1x4096", "1x4096") == 0.0 and shape_distance("1x2", "1x2x3") is None
+    # the total size, plus the dimensions after the first: twice the rows is one size step; the same
+    # size with another row length is one row-length step; both at once count both
+    assert shape_distance("1024x4096", "2048x4096") == pytest.approx(math.log(2))
+    assert shape_distance("2048x8192", "4096x4096") == pytest.approx(math.log(2))
+    assert shape_distance("1024x4096", "2048x8192") == pytest.approx(3 * math.log(2))
