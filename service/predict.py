@@ -30,7 +30,7 @@ SHAPE_SCALE = 0.5
 OTHER_CHIP_CAP = 0.8
 NAME_PRIOR = 0.3
 MIN_COVERAGE = 0.5
-MIN_WEIGHT = 1e-3
+MIN_WEIGHT = 1e-6  # a source 1000x the size still counts, when nothing nearer was measured
 
 # (kernel, shape, dtype) -> {config_key: median time in microseconds}
 ChipTable = dict[tuple[str, str, str], dict[str, float]]
