@@ -9,7 +9,7 @@ PORT   ?= 8600
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run test lint typecheck pytest bench-kernels bench-search bench-dashboard bench-detector clean
+.PHONY: help venv run test lint typecheck pytest bench-kernels bench-search bench-gpu bench-dashboard bench-detector clean
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-16s %s\n", $$1, $$2}'
@@ -43,6 +43,9 @@ bench-kernels: $(STAMP) ## Kernel speed: tuned vs MLX built-in vs copy bandwidth
 
 bench-search: $(STAMP) ## Successive halving vs exhaustive search: quality and time
 	$(BIN)/python benchmarks/search.py
+
+bench-gpu: $(STAMP) ## Kernel table, search, repeatability, tuning data on every GPU of this host (CUDA)
+	PATH="$(CURDIR)/$(BIN):$$PATH" bash benchmarks/multi_gpu.sh
 
 bench-dashboard: $(STAMP) ## Dashboard page server times over 1,000,000 stored trials
 	$(BIN)/python benchmarks/dashboard.py

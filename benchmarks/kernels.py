@@ -1,6 +1,6 @@
 """Kernel speed: the MLX built-in vs the tuned choice, per catalog kernel and shape, on this GPU.
 
-    python benchmarks/kernels.py --out results/h100_kernels.txt --jsonl results/h100_tuning.jsonl
+    python benchmarks/kernels.py --out results/new/kernels.txt --jsonl results/new/tuning.jsonl
     python benchmarks/kernels.py --spread-only --jsonl results/h100_tuning.jsonl   # profile data
 
 For each kernel and each of its decode-size and large shapes it tunes (successive halving; the
@@ -15,7 +15,8 @@ row-wise kernels) and dtypes until the time limit, appending every tuning report
 Compilation: on CUDA every custom candidate is an NVRTC compile (~1.5 s on the H100 host) the
 first time it runs in a process; MLX keeps custom kernels out of its on-disk PTX cache, so a
 compile in another process does not help (tried: a 15-process pre-compile changed nothing).
-``benchmarks/session.py`` therefore does table, search and repeatability per kernel in one process.
+``benchmarks/multi_gpu.sh`` (``session.py``) therefore compiles many kernels in parallel processes
+and times them one process at a time.
 Imports only mlx, numpy and the kernelfleet kernels/worker packages.
 """
 

@@ -1,7 +1,9 @@
 """Repeatability: tune the same kernel and shape twice on one machine; the picked configs'
 medians must agree within 3%.
 
-    python benchmarks/repeatability.py --out results/h100_repeatability.txt
+    python benchmarks/repeatability.py --out results/new/repeatability.txt
+
+(benchmarks/multi_gpu.sh measures the same over the catalog, beside the kernel table.)
 
 Each pair is the same halving tune run twice in one process (same seed and inputs, fresh
 measurements); the figure is |m1 - m2| / min(m1, m2) of the two picks' medians.

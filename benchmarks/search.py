@@ -1,6 +1,8 @@
 """Search efficiency: successive halving vs exhaustive search over the catalog, on this GPU.
 
-    python benchmarks/search.py --out results/h100_search.txt
+    python benchmarks/search.py --out results/new/search.txt
+
+(benchmarks/multi_gpu.sh runs this comparison for every kernel, beside the kernel table.)
 
 Per kernel (its first large shape, bfloat16): a throwaway pass builds, verifies and warms every
 candidate (so neither strategy pays compilation or module loading, which both would pay alike),
