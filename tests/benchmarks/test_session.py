@@ -62,8 +62,8 @@ def test_merge_sets_disturbed_units_apart(session: Any, tmp_path: Path) -> None:
 
     def table(kernel: str, shape: str, tuned_us: float) -> dict[str, Any]:
         return {"kernel": kernel, "kind": "large", "shape": shape, "dtype": "bfloat16",
-                "builtin_us": 2 * tuned_us, "tuned_us": tuned_us, "speedup": 2.0, "best": "tg=256", "builtin_gbs": 1000.0,
-                "tuned_gbs": 2000.0, "pct_copy": 99.0, "candidates": 25, "ok": 25}
+                "builtin_us": 2 * tuned_us, "tuned_us": tuned_us, "speedup": 2.0, "best": "tg=256",
+                "builtin_gbs": 1000.0, "tuned_gbs": 2000.0, "pct_copy": 99.0, "candidates": 25, "ok": 25}
 
     (tmp_path / "gpu_a.jsonl").write_text("\n".join([
         row("a", "copy", copy_gbs={"limit": 2500.0}),
