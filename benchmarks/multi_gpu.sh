@@ -5,7 +5,8 @@
 #   <tag>_session.txt   the combined report      <tag>_tuning.jsonl   every tuning report (compact)
 # Environment: BUDGET_S (default 480) seconds for all passes; KERNELS (default: the catalog); GPUS (default:
 # every GPU nvidia-smi lists); TAG (default: the card's model, e.g. h100); PASSES (default 1,2; 2 = only the
-# dense tuning data).
+# dense tuning data); PRIMARY_ONLY=1 (only the units with a kernel's first large shape: search and repeat);
+# KF_TURN_CACHE_GB (default 8: MLX buffer cache of the unit whose turn it is).
 set -u
 OUT="${OUT:-benchmarks/results/new}"; mkdir -p "$OUT"; rm -rf "$OUT/turns"
 TAG="${TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oi 'h[0-9]\{3\}' | tr 'A-Z' 'a-z')}"
@@ -16,7 +17,8 @@ BUDGET_S="${BUDGET_S:-480}"
 mkdir -p /tmp/kf/kernelfleet && cp -r kernels worker /tmp/kf/kernelfleet/
 export PYTHONPATH="/tmp/kf${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 MLX_ENABLE_CACHE_THRASHING_CHECK=0
 deadline=$(( $(date +%s) + BUDGET_S ))
-python3 benchmarks/session.py --plan "$GPUS" ${KERNELS:+--kernels "$KERNELS"} > "$OUT/plan.jsonl" || exit 1
+python3 benchmarks/session.py --plan "$GPUS" ${KERNELS:+--kernels "$KERNELS"} ${PRIMARY_ONLY:+--primary-only} \
+  > "$OUT/plan.jsonl" || exit 1
 echo "$(wc -l < "$OUT/plan.jsonl") units on $GPUS GPU(s), passes end by $(date -d "@$deadline" +%T)"
 while read -r unit; do
   gpu=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["gpu"])' "$unit")

@@ -62,8 +62,8 @@ SPREAD_MAX_ELEMENTS = 1 << 25
 TURN_POLL_S = 0.5
 # MLX keeps freed buffers in a per-process cache: two dozen processes on one GPU must not hoard them.
 # A unit caches up to this much during its turn (so timed launches reuse output buffers) and
-# returns everything to the device when its turn ends.
-TURN_CACHE_BYTES = 8 << 30
+# returns everything to the device when its turn ends. KF_TURN_CACHE_GB overrides it.
+TURN_CACHE_BYTES = int(float(os.environ.get("KF_TURN_CACHE_GB", "8")) * (1 << 30))
 DISTURBED = 0.8
 
 
@@ -106,12 +106,14 @@ def units(names: Sequence[str], dtype: str) -> list[dict[str, Any]]:
     return out
 
 
-def plan(gpus: int, names: Sequence[str], dtype: str) -> list[list[dict[str, Any]]]:
+def plan(gpus: int, names: Sequence[str], dtype: str,
+         primary_only: bool = False) -> list[list[dict[str, Any]]]:
     """Units over GPUs, longest compile first onto the least loaded GPU (the compile phase is
     parallel; the timed passes run per GPU in this order)."""
     loads = [0.0] * gpus
     per_gpu: list[list[dict[str, Any]]] = [[] for _ in range(gpus)]
-    for unit in sorted(units(names, dtype), key=lambda u: (-u["cost"] - 40 * u["primary"], u["id"])):
+    chosen = [u for u in units(names, dtype) if u["primary"] or not primary_only]
+    for unit in sorted(chosen, key=lambda u: (-u["cost"] - 40 * u["primary"], u["id"])):
         g = loads.index(min(loads))
         per_gpu[g].append(unit)
         loads[g] += unit["cost"] + 40 * unit["primary"]  # the search and repeat tunes: ~40 candidates' time
@@ -368,6 +370,8 @@ def merge(outdir: Path, tag: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plan", type=int, metavar="GPUS", help="print the unit plan as JSON lines")
+    ap.add_argument("--primary-only", action="store_true",
+                    help="plan only the units holding a kernel's first large shape (search and repeat)")
     ap.add_argument("--unit", help="run this unit (one JSON object from --plan)")
     ap.add_argument("--merge", type=Path, metavar="DIR", help="print the combined report of DIR")
     ap.add_argument("--kernels", default=",".join(NAMES))
@@ -379,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="which timed passes to run (1: table, search, repeat; 2: spread)")
     args = ap.parse_args(argv)
     if args.plan:
-        per_gpu = plan(args.plan, args.kernels.split(","), args.dtype)
+        per_gpu = plan(args.plan, args.kernels.split(","), args.dtype, args.primary_only)
         total = sum(len(u) for u in per_gpu)
         for g, gpu_units in enumerate(per_gpu):
             for i, unit in enumerate(gpu_units):
