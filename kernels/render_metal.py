@@ -107,13 +107,14 @@ inline float kf_row_max(float v, threadgroup float* buf, uint lane, uint warp, u
   return m;
 }
 
-// erf: Metal's standard library has none. 1 - erfc(|x|) with the Chebyshev-fitted erfc of
-// Numerical Recipes (fractional error of erfc below 1.2e-7 everywhere).
+// sin and cos of one argument (the CUDA spelling is sincosf, which shares the range reduction).
 inline void kf_sincos(float x, thread float* s, thread float* c) {
   *s = metal::precise::sin(x);
   *c = metal::precise::cos(x);
 }
 
+// erf: Metal's standard library has none. 1 - erfc(|x|) with the Chebyshev-fitted erfc of
+// Numerical Recipes (fractional error of erfc below 1.2e-7 everywhere).
 inline float kf_erf(float x) {
   float a = metal::abs(x);
   float t = 1.0f / (1.0f + 0.5f * a);
