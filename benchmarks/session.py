@@ -327,7 +327,7 @@ def merge(outdir: Path, tag: str) -> str:
     # A unit whose copy measurement is far below its GPU's best timed a disturbed GPU (e.g. a turn that
     # started at the deadline, together with others): its rows are shown apart, outside the summary.
     disturbed = {u for g, per in copies.items() for u, v in per.items() if v < DISTURBED * max(per.values())}
-    disturbed |= {r["unit"] for r in rows if r.get("late")}
+    disturbed |= {r["unit"] for r in rows if r.get("late") and r["type"] != "spread"}  # pass 1 started late
     table = sorted((r for r in rows if r["type"] == "table"),
                    key=lambda r: (order[r["kernel"]], shape_order.get((r["kernel"], r["shape"]), 99)))
     for r in table:  # % copy against the GPU's best copy measurement
@@ -340,7 +340,7 @@ def merge(outdir: Path, tag: str) -> str:
                      key=lambda r: order[r["kernel"]])
 
     def strip(rs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [{k: v for k, v in r.items() if k not in ("type", "unit", "gpu")} for r in rs]
+        return [{k: v for k, v in r.items() if k not in ("type", "unit", "gpu", "late")} for r in rs]
 
     lines = ["# copy bandwidth per GPU (GB/s, read + write; measured by each unit before its turn; % copy "
              "uses the GPU's best): "

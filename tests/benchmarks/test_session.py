@@ -57,8 +57,8 @@ def test_turns_run_in_order_after_every_unit_compiled(session: Any, tmp_path: Pa
 
 
 def test_merge_sets_disturbed_units_apart(session: Any, tmp_path: Path) -> None:
-    def row(unit: str, type_: str, **payload: Any) -> str:
-        return json.dumps({"type": type_, "unit": unit, "gpu": 0, "late": False, **payload})
+    def row(unit: str, type_: str, late: bool = False, **payload: Any) -> str:
+        return json.dumps({"type": type_, "unit": unit, "gpu": 0, "late": late, **payload})
 
     def table(kernel: str, shape: str, tuned_us: float) -> dict[str, Any]:
         return {"kernel": kernel, "kind": "large", "shape": shape, "dtype": "bfloat16",
@@ -68,6 +68,7 @@ def test_merge_sets_disturbed_units_apart(session: Any, tmp_path: Path) -> None:
     (tmp_path / "gpu_a.jsonl").write_text("\n".join([
         row("a", "copy", copy_gbs={"limit": 2500.0}),
         row("a", "table", **table("rmsnorm", "16384x8192", 100.0)),
+        row("a", "spread", late=True, shape="8x8192"),  # a late spread turn runs nothing: "a" stays
     ]) + "\n")
     (tmp_path / "gpu_b.jsonl").write_text("\n".join([
         row("b", "copy", copy_gbs={"limit": 1000.0}),  # below 80 % of the GPU's best: disturbed
