@@ -13,10 +13,13 @@ best. A source's weight is how close it is to the target:
   / 0.05)``, capped at ``OTHER_CHIP_CAP`` so the chip's own data leads), or a small prior from the
   chips' names (shared words) where they never measured the same thing.
 
-The predicted config minimizes the weighted mean relative time over the sources that measured
-it, among configs measured by at least half the total weight (and valid for the target shape,
-when the caller can tell). Its expected time scales each source's time by the element-count ratio
-(bandwidth-bound kernels); the speedup compares with the built-in predicted the same way.
+The predicted config is the one most often near the best (within ``NEAR`` of a source's best time,
+weighted) over the sources that measured it; ties go to the lower weighted mean relative time.
+Only configs measured by at least half the total weight count (and only those valid for the target
+shape, when the caller can tell). A vote is robust where a mean is not: one far source where a
+config was 3x slower does not outweigh three near ones where it was best. Its expected time scales
+each source's time by the element-count ratio (bandwidth-bound kernels); the speedup compares with
+the built-in predicted the same way.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ OTHER_CHIP_CAP = 0.8
 NAME_PRIOR = 0.3
 MIN_COVERAGE = 0.5
 MIN_WEIGHT = 1e-6  # a source 1000x the size still counts, when nothing nearer was measured
+NEAR = 1.05  # "near the best": within 5 % of a source's best time
 
 # (kernel, shape, dtype) -> {config_key: median time in microseconds}
 ChipTable = dict[tuple[str, str, str], dict[str, float]]
@@ -126,21 +130,24 @@ def predict(
     if not sources:
         return None
     total = sum(w for w, *_ in sources)
-    scores: dict[str, list[float]] = {}  # key -> [sum w*rel, sum w, sum w*scaled time]
+    # key -> [sum w*rel, sum w, sum w*scaled time, sum w*not near]
+    scores: dict[str, list[float]] = {}
     for weight, _, s, times in sources:
         best = min(times.values())
         ratio = numel_ratio(shape, s)
         for key, t in times.items():
-            acc = scores.setdefault(key, [0.0, 0.0, 0.0])
+            acc = scores.setdefault(key, [0.0, 0.0, 0.0, 0.0])
             acc[0] += weight * t / best
             acc[1] += weight
             acc[2] += weight * t * ratio
+            acc[3] += weight * (t > NEAR * best)
     candidates = {
         k: v for k, v in scores.items() if v[1] >= MIN_COVERAGE * total and (valid is None or valid(k))
     }
     if not candidates:
         return None
-    choice = min(candidates, key=lambda k: (candidates[k][0] / candidates[k][1], k))
+    choice = min(candidates, key=lambda k: (round(candidates[k][3] / candidates[k][1], 9),
+                                            candidates[k][0] / candidates[k][1], k))
     acc = candidates[choice]
     expected = acc[2] / acc[1]
     builtin = scores.get("builtin")

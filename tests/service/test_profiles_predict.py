@@ -49,3 +49,17 @@ def test_similar_chips_count_by_how_well_their_choices_do() -> None:
     assert shape_distance("1024x4096", "2048x4096") == pytest.approx(math.log(2))
     assert shape_distance("2048x8192", "4096x4096") == pytest.approx(math.log(2))
     assert shape_distance("1024x4096", "2048x8192") == pytest.approx(3 * math.log(2))
+
+
+def test_the_config_most_often_near_the_best_wins() -> None:
+    # "a" is the best at the two nearest row counts and 3x slower at the two far ones; "b" is 6 %
+    # behind at the near ones and the best at the far ones. A weighted mean of relative times would
+    # pick "b" (1.05 against 1.4); the vote picks "a", near the best where the weight is.
+    obs = {"A": {
+        (K, "1024x4096", "float16"): {"a": 10.0, "b": 10.6},
+        (K, "4096x4096", "float16"): {"a": 40.0, "b": 42.4},
+        (K, "512x4096", "float16"): {"a": 15.0, "b": 5.0},
+        (K, "8192x4096", "float16"): {"a": 240.0, "b": 80.0},
+    }}
+    p = predict("A", K, "2048x4096", "float16", obs)
+    assert p is not None and p.config_key == "a"
