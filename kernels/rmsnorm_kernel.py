@@ -24,24 +24,7 @@ BODY = rowwise.LOAD_ROW + r"""
   for (int i = 0; i < NITER * V; ++i) {
     ss += xv[i] * xv[i];
   }
-  ss = kf_row_sum(ss, red, KF_LANE, KF_WARP, TPR / 32);
-  const float inv = KF_RSQRT(ss / float(D) + ${EPS});
-  if (valid) {
-#pragma unroll
-    for (int it = 0; it < NITER; ++it) {
-      const unsigned j = it * TPR + t;
-      if (j < D / V) {
-        kf_vec<T, V> wv = kf_vload<V>(w, j);
-        kf_vec<T, V> o;
-#pragma unroll
-        for (int k = 0; k < V; ++k) {
-          o.v[k] = T(xv[it * V + k] * inv * float(wv.v[k]));
-        }
-        kf_vstore<V>(out + row * D, j, o);
-      }
-    }
-  }
-"""
+""" + rowwise.rms_scale_store("xv")
 
 
 def source(eps: float = EPS) -> KernelSource:

@@ -71,6 +71,30 @@ ROW_MAX = r"""
   }
   m = kf_row_max(m, red_a, KF_LANE, KF_WARP, TPR / 32);"""
 
+
+def rms_scale_store(values: str) -> str:
+    """Dialect snippet ending the RMS norms: reduce the partial sum of squares ``ss`` over the row
+    (scratch ``red``), then store ``values[i] * rsqrt(mean + EPS) * w`` to ``out``."""
+    return r"""  ss = kf_row_sum(ss, red, KF_LANE, KF_WARP, TPR / 32);
+  const float inv = KF_RSQRT(ss / float(D) + ${EPS});
+  if (valid) {
+#pragma unroll
+    for (int it = 0; it < NITER; ++it) {
+      const unsigned j = it * TPR + t;
+      if (j < D / V) {
+        kf_vec<T, V> wv = kf_vload<V>(w, j);
+        kf_vec<T, V> o;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          o.v[k] = T(""" + values + r"""[it * V + k] * inv * float(wv.v[k]));
+        }
+        kf_vstore<V>(out + row * D, j, o);
+      }
+    }
+  }
+"""
+
+
 def _niter(D: int, tpr: int, vec: int) -> int:
     return ceil_div(D // vec, tpr)
 
