@@ -21,8 +21,7 @@ python3 benchmarks/session.py --plan "$GPUS" ${KERNELS:+--kernels "$KERNELS"} ${
   > "$OUT/plan.jsonl" || exit 1
 echo "$(wc -l < "$OUT/plan.jsonl") units on $GPUS GPU(s), passes end by $(date -d "@$deadline" +%T)"
 while read -r unit; do
-  gpu=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["gpu"])' "$unit")
-  id=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["id"])' "$unit")
+  read -r gpu id < <(python3 -c 'import json, sys; u = json.loads(sys.argv[1]); print(u["gpu"], u["id"])' "$unit")
   CUDA_VISIBLE_DEVICES="$gpu" timeout $(( BUDGET_S + 30 )) python3 benchmarks/session.py --unit "$unit" \
     --outdir "$OUT" --tag "$TAG" --deadline "$deadline" --passes "${PASSES:-1,2}" 2> "$OUT/log.$id" &
 done < "$OUT/plan.jsonl"

@@ -31,17 +31,17 @@ _spec.loader.exec_module(kb)
 import mlx.core as mx  # noqa: E402
 
 from kernelfleet.kernels.catalog import all_specs, get_spec  # noqa: E402
-from kernelfleet.kernels.spec import format_shape, parse_shape  # noqa: E402
+from kernelfleet.kernels.spec import KernelSpec, format_shape, parse_shape  # noqa: E402
 from kernelfleet.worker.backends import detect_backend  # noqa: E402
 from kernelfleet.worker.chip import detect_chip  # noqa: E402
 from kernelfleet.worker.measure import Measurer  # noqa: E402
 from kernelfleet.worker.tuner import tune_spec  # noqa: E402
 
 
-def warm(name: str, shape: tuple[int, ...], dtype: str, seed: int) -> None:
+def warm(spec: KernelSpec, shape: tuple[int, ...], dtype: str, seed: int) -> None:
     """Build, verify, warm up and calibrate every candidate once, in this process (and generate
-    the seeded inputs, memoized, so neither timed strategy pays for them)."""
-    spec, be = kb.cached_spec(name), detect_backend()
+    the seeded inputs, memoized by ``spec``, so neither timed strategy pays for them)."""
+    be = detect_backend()
     inputs = spec.make_inputs(shape, dtype, seed)
     ref = spec.reference(inputs)
     mx.eval(inputs, ref)
@@ -49,9 +49,10 @@ def warm(name: str, shape: tuple[int, ...], dtype: str, seed: int) -> None:
     m.prepare(list(m.trials))
 
 
-def compare(name: str, shape: tuple[int, ...], dtype: str, seed: int) -> dict[str, Any]:
-    spec = kb.cached_spec(name)
-    warm(name, shape, dtype, seed)
+def compare(spec: KernelSpec, shape: tuple[int, ...], dtype: str, seed: int) -> dict[str, Any]:
+    """Halving vs exhaustive on ``spec`` (whose ``make_inputs`` is memoized: kernels.memoize_inputs)."""
+    name = spec.name
+    warm(spec, shape, dtype, seed)
     hv = tune_spec(spec, shape, dtype, strategy="halving", seed=seed)
     ex = tune_spec(spec, shape, dtype, strategy="exhaustive", seed=seed)
     ex_med = {t["config_key"]: t["median_us"] for t in ex.report["trials"] if t["status"] == "ok"}
@@ -125,7 +126,7 @@ def main() -> int:
         kb.log(f"search {spec.name} {format_shape(shape)} {dtype}")
         try:
             seed = args.seed + random.Random(spec.name).randrange(1000)
-            rows.append(compare(spec.name, shape, dtype, seed))
+            rows.append(compare(kb.cached_spec(spec.name), shape, dtype, seed))
         except Exception as e:  # noqa: BLE001 - report and go on
             kb.log(f"  FAILED {type(e).__name__}: {str(e)[:300]}")
             continue

@@ -224,7 +224,7 @@ def table_pass(unit: dict[str, Any], spec: KernelSpec, shapes: Sequence[Shape], 
             kb.log(f"  table: {row}")
     if unit["primary"]:
         shape = tuple(spec.shapes["large"][0])
-        result = sb.compare(name, shape, dtype, seed=0)
+        result = sb.compare(spec, shape, dtype, seed=0)  # the inputs made before the turn
         emit("search", result)
         kb.log(f"  search: {result}")
         picks = []
