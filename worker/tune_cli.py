@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,9 @@ from kernelfleet.worker.search.base import SearchError
 
 USAGE_ERROR = 2
 
-out_console = Console()
+# Piped or redirected output gets a wide table rather than rich's 80-column default, which wraps
+# the headers and long config keys.
+out_console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, soft_wrap=True)
 
 
