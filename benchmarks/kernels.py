@@ -39,9 +39,10 @@ os.environ.setdefault("MLX_ENABLE_CACHE_THRASHING_CHECK", "0")
 import mlx.core as mx  # noqa: E402
 
 from kernelfleet.kernels.catalog import all_specs, get_spec  # noqa: E402
-from kernelfleet.kernels.spec import KernelSpec, Shape, format_shape  # noqa: E402
+from kernelfleet.kernels.spec import KernelSpec, Shape, format_shape, parse_config_key  # noqa: E402
 from kernelfleet.worker.backends import detect_backend  # noqa: E402
 from kernelfleet.worker.chip import detect_chip  # noqa: E402
+from kernelfleet.worker.measure import Measurer  # noqa: E402
 from kernelfleet.worker.report import report_problems  # noqa: E402
 from kernelfleet.worker.tuner import TuneOutcome, tune_spec  # noqa: E402
 
@@ -196,6 +197,28 @@ def run_tune(task: Task, jsonl: str | None, strategy: str = "halving", seed: int
         with open(jsonl, "a", encoding="utf-8") as f:
             f.write(json.dumps(outcome.report, allow_nan=False) + "\n")
     return outcome
+
+
+REFEREE_ROUNDS = 200
+
+
+def side_by_side(spec: KernelSpec, shape: Shape, dtype: str, keys: Sequence[str],
+                 rounds: int = REFEREE_ROUNDS, seed: int = 0) -> dict[str, float | None]:
+    """The medians (µs) of the configs ``keys`` timed side by side: one fresh measurement, the same
+    interleaved rounds for all (each config verified against the reference first; None = failed).
+
+    The referee for comparing configs that different tunes picked: two tunes' reported medians also
+    differ by the machine's drift between them, and the best of many candidates' medians in one tune
+    is biased low (the fastest noise wins)."""
+    be = detect_backend()
+    keys = list(dict.fromkeys(keys))
+    with mx.stream(be.device):
+        inputs = spec.make_inputs(shape, dtype, seed)
+        reference = spec.reference(inputs)
+        mx.eval(inputs, reference)
+        measurer = Measurer(spec, be, shape, dtype, inputs, reference, [parse_config_key(k) for k in keys],
+                            seed=seed + 1)
+        return measurer.measure(keys, rounds)
 
 
 def row_for(kind: str, task: Task, outcome: TuneOutcome, limit_gbs: float) -> dict[str, Any]:

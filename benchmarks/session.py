@@ -18,9 +18,12 @@ and each unit runs in its own process:
    for a unit holding the kernel's first large shape, halving vs exhaustive search (the search
    benchmark) and two more tunes (repeatability);
 3. pass 2, again one unit at a time per GPU, each with an equal share of the time left: exhaustive
-   tunes over more row counts at the same compiled row length (data for benchmarks/predict.py).
+   tunes over more row counts at the same compiled row length (data for benchmarks/predict.py);
+4. pass 3, for a run planned from ``--jobs`` (its units hold only those jobs): each job's configs
+   timed side by side (``kernels.side_by_side``), e.g. predicted configs against the tuned best of
+   held-out shapes (``benchmarks/predict.py --jobs`` writes them, ``--side-by-side`` scores them).
 
-Outputs in --outdir: ``<tag>_<unit>.jsonl`` (one JSON row per table shape, search and repeat result)
+Outputs in --outdir: ``<tag>_<unit>.jsonl`` (one JSON row per table shape, search, repeat and job result)
 and ``<tag>_tuning.<unit>.jsonl`` (every tuning report, per-sample lists dropped to keep it small).
 """
 
@@ -52,7 +55,14 @@ import mlx.core as mx  # noqa: E402
 
 from kernelfleet.kernels.catalog import NAMES, get_spec  # noqa: E402
 from kernelfleet.kernels.launch import capture  # noqa: E402
-from kernelfleet.kernels.spec import KernelSpec, Shape, format_shape, parse_shape  # noqa: E402
+from kernelfleet.kernels.spec import (  # noqa: E402
+    KernelSpec,
+    Shape,
+    config_key,
+    format_shape,
+    parse_config_key,
+    parse_shape,
+)
 from kernelfleet.worker.backends import detect_backend  # noqa: E402
 from kernelfleet.worker.chip import detect_chip  # noqa: E402
 from kernelfleet.worker.tuner import tune_spec  # noqa: E402
@@ -106,13 +116,32 @@ def units(names: Sequence[str], dtype: str) -> list[dict[str, Any]]:
     return out
 
 
-def plan(gpus: int, names: Sequence[str], dtype: str,
-         primary_only: bool = False) -> list[list[dict[str, Any]]]:
+def job_units(jobs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Side-by-side jobs (kernel, shape, dtype, configs) as units: one per kernel, dtype and the
+    dimensions after the first (no catalog kernel's compiled code depends on the row count)."""
+    groups: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for job in jobs:
+        trailing = "x".join(job["shape"].split("x")[1:])
+        unit = groups.setdefault((job["kernel"], job["dtype"], trailing), {
+            "kernel": job["kernel"], "dtype": job["dtype"], "shapes": [], "kinds": [], "primary": False,
+            "jobs": [], "id": f"{job['kernel']}-{job['dtype']}-x{trailing}-jobs"})
+        unit["jobs"].append(job)
+        if job["shape"] not in unit["shapes"]:
+            unit["shapes"].append(job["shape"])
+            unit["kinds"].append("job")
+    for unit in groups.values():
+        unit["cost"] = len({c for job in unit["jobs"] for c in job["configs"]})
+    return list(groups.values())
+
+
+def plan(gpus: int, names: Sequence[str], dtype: str, primary_only: bool = False,
+         jobs: Sequence[dict[str, Any]] | None = None) -> list[list[dict[str, Any]]]:
     """Units over GPUs, longest compile first onto the least loaded GPU (the compile phase is
-    parallel; the timed passes run per GPU in this order)."""
+    parallel; the timed passes run per GPU in this order). With ``jobs``, only their units."""
     loads = [0.0] * gpus
     per_gpu: list[list[dict[str, Any]]] = [[] for _ in range(gpus)]
-    chosen = [u for u in units(names, dtype) if u["primary"] or not primary_only]
+    chosen = (job_units(jobs) if jobs is not None
+              else [u for u in units(names, dtype) if u["primary"] or not primary_only])
     for unit in sorted(chosen, key=lambda u: (-u["cost"] - 40 * u["primary"], u["id"])):
         g = loads.index(min(loads))
         per_gpu[g].append(unit)
@@ -177,13 +206,15 @@ def _alive(pid: int) -> bool:
 # ----------------------------------------------------------------------------- one unit
 
 
-def precompile(spec: KernelSpec, shape: Shape, dtype: str) -> int:
-    """Build and launch every candidate once on a one-row input: NVRTC compiles each here."""
+def precompile(spec: KernelSpec, shape: Shape, dtype: str, keys: Sequence[str] | None = None) -> int:
+    """Build and launch every candidate (or the configs ``keys``) once on a one-row input: NVRTC
+    compiles each here."""
     be = detect_backend()
     small = (1, *shape[1:])
     inputs = spec.make_inputs(small, dtype, 0)
     n = 0
-    for config in be.candidates(spec, shape, dtype)[1:]:
+    configs = (be.candidates(spec, shape, dtype) if keys is None else [parse_config_key(k) for k in keys])
+    for config in [c for c in configs if config_key(c) != "builtin"]:
         try:
             mx.eval(be.build(spec, config, shape, dtype)(inputs))
             n += 1
@@ -236,15 +267,25 @@ def table_pass(unit: dict[str, Any], spec: KernelSpec, shapes: Sequence[Shape], 
             best = next(t for t in rep["trials"] if t["config_key"] == rep["best_config_key"])
             picks.append((rep["best_config_key"], best["median_us"]))
         if len(picks) == 2:
-            (k1, m1), (k2, m2) = picks
-            emit("repeat", {"kernel": name, "shape": format_shape(shape), "dtype": dtype,
-                            "pick1": k1, "us1": m1, "pick2": k2, "us2": m2,
-                            "diff": abs(m1 - m2) / min(m1, m2)})
+            emit("repeat", repeat_row(spec, shape, dtype, picks))
+
+
+def repeat_row(spec: KernelSpec, shape: Shape, dtype: str,
+               picks: Sequence[tuple[str, float]]) -> dict[str, Any]:
+    """Two tunes' picks: their reported medians (measured apart: the machine's drift between the tunes
+    counts too) and the two configs timed again side by side (``side``; 0 when both picked the same)."""
+    (k1, m1), (k2, m2) = picks
+    side: float | None = 0.0
+    if k1 != k2:
+        ref = kb.side_by_side(spec, shape, dtype, [k1, k2])
+        side = abs(ref[k1] - ref[k2]) / min(ref[k1], ref[k2]) if ref[k1] and ref[k2] else None
+    return {"kernel": spec.name, "shape": format_shape(shape), "dtype": dtype, "pick1": k1, "us1": m1,
+            "pick2": k2, "us2": m2, "diff": abs(m1 - m2) / min(m1, m2), "side": side}
 
 
 def run_unit(unit: dict[str, Any], turns: Turns, outdir: Path, tag: str, passes: Sequence[int]) -> None:
     name, dtype = unit["kernel"], unit["dtype"]
-    spec = kb.memoize_inputs(get_spec(name), 16)
+    spec = kb.memoize_inputs(get_spec(name), max(16, len(unit["shapes"])))
     rows_out = outdir / f"{tag}_{unit['id']}.jsonl"
     tuning = outdir / f"{tag}_tuning.{unit['id']}.jsonl"
 
@@ -267,9 +308,11 @@ def run_unit(unit: dict[str, Any], turns: Turns, outdir: Path, tag: str, passes:
     mx.set_cache_limit(0)
     shapes = [parse_shape(s) for s in unit["shapes"]]
     try:
-        compiled = precompile(spec, shapes[0], dtype)
+        jobs = unit.get("jobs", []) if 3 in passes else []
+        compiled = precompile(spec, shapes[0], dtype,
+                              sorted({c for job in jobs for c in job["configs"]}) if jobs else None)
         spread = spread_shapes(spec, shapes, dtype) if 2 in passes else []
-        table = shapes if 1 in passes else []
+        table = shapes if 1 in passes or jobs else []
         for shape in [*table, *spread]:  # numpy makes the inputs (seconds for large shapes): before the turn
             mx.eval(spec.make_inputs(shape, dtype, 0))
         kb.log(f"{unit['id']}: compiled {compiled} candidates, inputs ready in {time.monotonic() - t0:.0f} s")
@@ -299,6 +342,17 @@ def run_unit(unit: dict[str, Any], turns: Turns, outdir: Path, tag: str, passes:
                 emit("spread", {"shape": format_shape(shape)})
     finally:
         end_turn(2, turns)
+
+    turns.wait(3)
+    mx.set_cache_limit(TURN_CACHE_BYTES)
+    try:
+        for job in jobs:
+            medians = kb.side_by_side(spec, parse_shape(job["shape"]), dtype, job["configs"])
+            emit("side_by_side", {**job, "medians": medians})
+    except Exception as e:  # noqa: BLE001 - keep what was measured
+        kb.log(f"  {unit['id']} pass 3 FAILED {type(e).__name__}: {str(e)[:300]}")
+    finally:
+        end_turn(3, turns)
 
 
 def end_turn(p: int, turns: Turns) -> None:
@@ -354,14 +408,28 @@ def merge(outdir: Path, tag: str) -> str:
     lines.append("## halving vs exhaustive (each kernel's first large shape; compilation excluded)")
     text = sb.table(searches) if searches else "no search results"
     lines += [text, "", "## repeatability: two halving tunes of the same kernel and shape"]
+    lines += repeat_lines(repeats)
+    return "\n".join(lines)
+
+
+def repeat_lines(repeats: Sequence[dict[str, Any]]) -> list[str]:
+    lines = []
     for r in repeats:
+        side = r.get("side")
+        tail = f"side by side {100 * side:.2f}%" if side is not None else "side by side failed"
+        tail = tail if "side" in r else ""
         lines.append(f"{r['kernel']:<20} {r['shape']:<12} {r['pick1']:<24} {r['us1']:>9.2f} µs  "
-                     f"{r['pick2']:<24} {r['us2']:>9.2f} µs  medians differ {100 * r['diff']:.2f}%")
+                     f"{r['pick2']:<24} {r['us2']:>9.2f} µs  "
+                     f"reported medians differ {100 * r['diff']:5.2f}%, {tail}")
     if repeats:
         ok = sum(r["diff"] <= 0.03 for r in repeats)
         worst = 100 * max(r["diff"] for r in repeats)
-        lines.append(f"picks within 3%: {ok}/{len(repeats)}; worst {worst:.2f}%")
-    return "\n".join(lines)
+        lines.append(f"picks within 3%, reported medians: {ok}/{len(repeats)}; worst {worst:.2f}%")
+        sides = [r["side"] for r in repeats if r.get("side") is not None]
+        if sides:
+            lines.append(f"picks within 3%, side by side: {sum(d <= 0.03 for d in sides)}/{len(sides)}; "
+                         f"worst {100 * max(sides):.2f}%")
+    return lines
 
 
 # ----------------------------------------------------------------------------- main
@@ -380,10 +448,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tag", default="gpu")
     ap.add_argument("--deadline", type=float, help="epoch seconds by which every pass must end")
     ap.add_argument("--passes", default="1,2",
-                    help="which timed passes to run (1: table, search, repeat; 2: spread)")
+                    help="which timed passes to run (1: table, search, repeat; 2: spread; 3: --jobs)")
+    ap.add_argument("--jobs", type=Path, help="with --plan: units for these side-by-side jobs only (JSON "
+                    "lines {kernel, shape, dtype, configs}, e.g. from benchmarks/predict.py --jobs); pass 3 "
+                    "times them")
     args = ap.parse_args(argv)
     if args.plan:
-        per_gpu = plan(args.plan, args.kernels.split(","), args.dtype, args.primary_only)
+        jobs = ([json.loads(line) for line in args.jobs.read_text().splitlines() if line.strip()]
+                if args.jobs else None)
+        per_gpu = plan(args.plan, args.kernels.split(","), args.dtype, args.primary_only, jobs)
         total = sum(len(u) for u in per_gpu)
         for g, gpu_units in enumerate(per_gpu):
             for i, unit in enumerate(gpu_units):

@@ -3,7 +3,6 @@ turns, and how the combined report keeps disturbed units out of its figures (CPU
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import time
@@ -12,16 +11,12 @@ from typing import Any
 
 import pytest
 
-SESSION = Path(__file__).parents[2] / "benchmarks" / "session.py"
+from . import load
 
 
 @pytest.fixture(scope="module")
 def session() -> Any:
-    spec = importlib.util.spec_from_file_location("kf_bench_session", SESSION)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("session")
 
 
 def test_units_share_compiled_code(session: Any) -> None:
@@ -79,3 +74,58 @@ def test_merge_sets_disturbed_units_apart(session: Any, tmp_path: Path) -> None:
     assert "rmsnorm" in summary and "softmax" not in summary
     assert "over 1 shapes" in summary and "80%" in summary  # 2000 / 2500 GB/s, the GPU's best copy
     assert "softmax" in apart and ": b;" in apart
+
+
+def test_job_units_group_jobs_by_compiled_code(session: Any) -> None:
+    jobs = [{"chip": "c", "kernel": "rmsnorm", "shape": s, "dtype": "bfloat16", "configs": c} for s, c in [
+        ("256x4096", ["rpg=1,tg=256,vec=8", "builtin"]),
+        ("2048x4096", ["rpg=2,tg=512,vec=8", "rpg=1,tg=256,vec=8"]),
+        ("256x8192", ["builtin", "rpg=1,tg=512,vec=8"]),
+    ]]
+    per_gpu = session.plan(1, [], "bfloat16", jobs=jobs)
+    units = {u["id"]: u for u in per_gpu[0]}
+    # the row count does not change the compiled code: one unit per row length
+    assert units["rmsnorm-bfloat16-x4096-jobs"]["shapes"] == ["256x4096", "2048x4096"]
+    assert units["rmsnorm-bfloat16-x4096-jobs"]["cost"] == 3  # distinct configs to compile
+    assert [j["shape"] for j in units["rmsnorm-bfloat16-x8192-jobs"]["jobs"]] == ["256x8192"]
+
+
+def test_job_pass_times_each_job_side_by_side(session: Any, tmp_path: Path) -> None:
+    """A job unit's pass 3 on this CPU: the built-in is timed, a custom config the backend cannot run
+    is recorded as None (failed), and each job becomes one side_by_side row."""
+    job = {"chip": "cpu", "kernel": "rmsnorm", "shape": "8x256", "dtype": "float32",
+           "configs": ["rpg=1,tg=32,vec=4", "builtin"]}
+    unit = {**session.plan(1, [], "float32", jobs=[job])[0][0], "gpu": 0, "order": 0, "peers": 1, "units": 1}
+    turns = session.Turns(tmp_path / "turns", 0, 0, 1, 1, time.time() + 60)
+    session.run_unit(unit, turns, tmp_path, "cpu", [3])
+    rows = [json.loads(line) for line in (tmp_path / f"cpu_{unit['id']}.jsonl").read_text().splitlines()]
+    assert [r["type"] for r in rows] == ["side_by_side"]
+    medians = rows[0]["medians"]
+    assert medians["rpg=1,tg=32,vec=4"] is None and medians["builtin"] > 0
+    assert rows[0]["shape"] == "8x256" and rows[0]["chip"] == "cpu"
+
+
+def test_repeat_lines_give_reported_and_side_by_side_figures(session: Any) -> None:
+    repeats = [
+        {"kernel": "geglu", "shape": "16384x8192", "pick1": "a", "us1": 300.0, "pick2": "b", "us2": 312.0,
+         "diff": 0.04, "side": 0.005},
+        {"kernel": "rope", "shape": "512x2048x128", "pick1": "c", "us1": 210.0, "pick2": "c", "us2": 211.0,
+         "diff": 1 / 210, "side": 0.0},
+    ]
+    text = "\n".join(session.repeat_lines(repeats))
+    assert "reported medians differ  4.00%, side by side 0.50%" in text
+    assert "picks within 3%, reported medians: 1/2; worst 4.00%" in text
+    assert "picks within 3%, side by side: 2/2; worst 0.50%" in text
+
+
+def test_search_table_gives_both_quality_figures(session: Any) -> None:
+    def row(kernel: str, quality: float, referee: float | None) -> dict[str, Any]:
+        return {"kernel": kernel, "shape": "16384x8192", "dtype": "bfloat16", "candidates": 61,
+                "ex_best": "a", "ex_best_us": 100.0, "hv_best": "b", "hv_best_us": 101.0, "quality": quality,
+                "referee": referee, "hv_s": 0.5, "ex_s": 2.0, "time_ratio": 0.25, "whole_ratio": 0.5}
+
+    # exhaustive's own medians call geglu's pick 4.6 % slower; timed side by side it is 1 % faster
+    text = session.sb.table([row("geglu", 1.046, 0.99), row("swiglu", 1.0, 1.0), row("rope", 1.01, None)])
+    assert "(exhaustive's own timings): 2/3; worst pick/best 1.046" in text
+    assert "(the two picks side by side): 2/2; worst 1.000" in text  # a failed referee is left out
+    assert "        -" in text.splitlines()[3]
