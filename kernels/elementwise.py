@@ -16,7 +16,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from .common import DTYPES, ITEMSIZE, ceil_div, mx_dtype, need_rank
+from .common import DTYPES, ITEMSIZE, ceil_div, flat_rows, mx_dtype, need_rank
 from .dialect import source_version
 from .launch import KernelSource, Launch, run
 from .spec import BadShape, Config, GpuBackend, Shape
@@ -68,7 +68,7 @@ def run_elementwise(src: KernelSource, backend: GpuBackend, config: Config, dtyp
     """``row_inputs`` (..., D) arrays flattened to (rows, D); one output shaped like the first."""
     x = row_inputs[0]
     D = int(x.shape[-1])
-    flat = [a.reshape(-1, D) for a in row_inputs]
+    flat = [flat_rows(a, D) for a in row_inputs]
     rows = int(flat[0].shape[0])
     launch = launch_for(config, rows, D, dtype)
     (out,) = run(src, backend, [*flat, *other_inputs], launch, [(rows, D)], [x.dtype])

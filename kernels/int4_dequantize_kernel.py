@@ -16,7 +16,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import elementwise
-from .common import DTYPES, ITEMSIZE, TOLERANCES, ceil_div, mx_dtype, need_rank, rng
+from .common import DTYPES, ITEMSIZE, TOLERANCES, ceil_div, flat_rows, mx_dtype, need_rank, rng
 from .dialect import source_version
 from .launch import KernelSource, Launch, run
 from .spec import BadShape, Config, GpuBackend, KernelFn, KernelSpec, Shape
@@ -69,12 +69,12 @@ def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str) -> Kerne
     def fn(inputs: Sequence[mx.array]) -> list[mx.array]:
         wq, sc, bi = inputs
         lead = tuple(wq.shape[:-1])
-        wq2 = wq.reshape(-1, words)
+        wq2 = flat_rows(wq, words)
         rows = int(wq2.shape[0])
         groups = max(1, ceil_div(rows * words // vec, tg * ipt))
         template = (("T", mx_dtype(dtype)), ("WORDS", words), ("V", vec), ("TG", tg), ("IPT", ipt))
         launch = Launch((groups * tg, 1, 1), (tg, 1, 1), template)
-        (out,) = run(SOURCE, backend, [wq2, sc.reshape(rows, -1), bi.reshape(rows, -1)], launch,
+        (out,) = run(SOURCE, backend, [wq2, flat_rows(sc, sc.shape[-1]), flat_rows(bi, bi.shape[-1])], launch,
                      [(rows, cols)], [sc.dtype])
         return [out.reshape(*lead, cols)]
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 
 from . import elementwise
-from .common import DTYPES, ITEMSIZE, TOLERANCES, ceil_div, mx_dtype, need_rank, normal
+from .common import DTYPES, ITEMSIZE, TOLERANCES, ceil_div, flat_rows, mx_dtype, need_rank, normal
 from .dialect import source_version
 from .launch import KernelSource, Launch, run
 from .spec import BadShape, Config, GpuBackend, KernelFn, KernelSpec, Shape
@@ -58,7 +58,7 @@ def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str) -> Kerne
     def fn(inputs: Sequence[mx.array]) -> list[mx.array]:
         y, w = inputs
         lead = tuple(y.shape[:-2])
-        y3 = y.reshape(-1, K, D)
+        y3 = flat_rows(y, K, D)
         tokens = int(y3.shape[0])
         groups = max(1, ceil_div(tokens * D // vec, tg * ipt))
         template = (("T", mx_dtype(dtype)), ("D", D), ("K", K), ("V", vec), ("TG", tg), ("IPT", ipt))

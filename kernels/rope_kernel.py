@@ -19,7 +19,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import elementwise
-from .common import DTYPES, ITEMSIZE, TOLERANCES, ceil_div, mx_dtype, need_rank, normal
+from .common import DTYPES, ITEMSIZE, TOLERANCES, ceil_div, flat_rows, mx_dtype, need_rank, normal
 from .dialect import float_literal, source_version
 from .launch import KernelSource, Launch, run
 from .spec import BadShape, Config, GpuBackend, KernelFn, KernelSpec, Shape, Tolerance
@@ -83,7 +83,7 @@ def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str, base: fl
     def fn(inputs: Sequence[mx.array]) -> list[mx.array]:
         x, off = inputs
         lead = tuple(x.shape)
-        x3 = x.reshape(-1, x.shape[-2], Dh)
+        x3 = flat_rows(x, x.shape[-2], Dh)
         nvec = int(x3.shape[0]) * int(x3.shape[1]) * half // vec
         groups = max(1, ceil_div(nvec, tg * ipt))
         template = (("T", mx_dtype(dtype)), ("HALF", half), ("V", vec), ("TG", tg), ("IPT", ipt))

@@ -18,7 +18,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from .common import DTYPES, ITEMSIZE, ceil_div, mx_dtype, need_rank
+from .common import DTYPES, ITEMSIZE, ceil_div, flat_rows, mx_dtype, need_rank
 from .dialect import source_version
 from .launch import KernelSource, Launch, run
 from .spec import BadShape, Config, GpuBackend, Shape
@@ -173,7 +173,7 @@ def run_rows(
     x = row_inputs[0]
     D = int(x.shape[-1])
     lead = tuple(x.shape[:-1])
-    flat = [a.reshape(-1, D) for a in row_inputs]
+    flat = [flat_rows(a, D) for a in row_inputs]
     rows = int(flat[0].shape[0])
     launch = row_launch(config, rows, D, dtype)
     shapes = [(rows, D) if k == "row" else (rows,) for k in out_kinds]

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 import numpy as np
 
-from .common import DTYPES, ITEMSIZE, TOLERANCES, ceil_div, mx_dtype, need_rank, rng
+from .common import DTYPES, ITEMSIZE, TOLERANCES, ceil_div, flat_rows, mx_dtype, need_rank, rng
 from .dialect import source_version
 from .launch import KernelSource, Launch, run
 from .spec import BadShape, Config, GpuBackend, KernelFn, KernelSpec, Shape
@@ -133,7 +133,7 @@ def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str, k: int =
     def fn(inputs: Sequence[mx.array]) -> list[mx.array]:
         x = inputs[0]
         lead = tuple(x.shape[:-1])
-        x2 = x.reshape(-1, E)
+        x2 = flat_rows(x, E)
         rows = int(x2.shape[0])
         groups = max(1, ceil_div(rows, tg // 32))
         template = (("T", mx_dtype(dtype)), ("E", E), ("V", vec), ("TG", tg),

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
+from kernelfleet.kernels.common import flat_rows
 from kernelfleet.kernels.spec import (
     BUILTIN,
     BadShape,
@@ -64,3 +66,11 @@ def test_compare_counts_elements_and_keeps_errors_finite() -> None:
     assert not nan.ok and nan.max_abs_err is None and "NaN/inf" in nan.detail
     wrong_shape = compare([mx.array([1.0, 2.0])], ref, tol)
     assert not wrong_shape.ok and wrong_shape.max_abs_err is None and "shape" in wrong_shape.detail
+
+
+def test_flat_rows_views_leading_dimensions_as_rows() -> None:
+    x = mx.arange(2 * 3 * 4).reshape(2, 3, 4)
+    assert flat_rows(x, 4).shape == (6, 4)
+    assert flat_rows(x, 3, 4).shape == (2, 3, 4)
+    assert flat_rows(mx.zeros((0, 4)), 4).shape == (0, 4)
+    np.testing.assert_array_equal(np.array(flat_rows(x, 4)), np.arange(24).reshape(6, 4))
