@@ -9,7 +9,7 @@ PORT   ?= 8600
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run test lint typecheck pytest bench-kernels bench-search bench-gpu bench-dashboard bench-detector clean
+.PHONY: help venv run test lint typecheck pytest bench-kernels bench-search bench-gpu bench-predict bench-dashboard bench-detector clean
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-16s %s\n", $$1, $$2}'
@@ -46,6 +46,9 @@ bench-search: $(STAMP) ## Successive halving vs exhaustive search: quality and t
 
 bench-gpu: $(STAMP) ## Kernel table, search, repeatability, tuning data on every GPU of this host (CUDA)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash benchmarks/multi_gpu.sh
+
+bench-predict: $(STAMP) ## Held-out config predictions on the committed GPU reports (+ their side-by-side runs)
+	$(BIN)/python benchmarks/predict.py
 
 bench-dashboard: $(STAMP) ## Dashboard page server times over 1,000,000 stored trials
 	$(BIN)/python benchmarks/dashboard.py
