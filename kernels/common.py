@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 
 import mlx.core as mx
 import numpy as np
@@ -40,8 +42,25 @@ def rng(seed: int, salt: int = 0) -> np.random.Generator:
     return np.random.default_rng([int(seed), int(salt)])
 
 
+_SHAPES_ONLY: ContextVar[bool] = ContextVar("kf_shapes_only", default=False)
+
+
+@contextlib.contextmanager
+def shapes_only() -> Iterator[None]:
+    """Inside, :func:`normal` gives unevaluated zeros of the right shape and dtype instead of seeded
+    data. For capturing the launches a config makes (``launch.capture``), where only the inputs'
+    shapes and dtypes count: numpy takes seconds to make one 16384x8192 input."""
+    token = _SHAPES_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _SHAPES_ONLY.reset(token)
+
+
 def normal(shape: Sequence[int], dtype: str, seed: int, salt: int = 0, scale: float = 1.0,
            loc: float = 0.0) -> mx.array:
+    if _SHAPES_ONLY.get():
+        return mx.zeros(tuple(shape), dtype=mx_dtype(dtype))  # lazy: nothing is allocated or computed
     data = rng(seed, salt).standard_normal(tuple(shape), dtype=np.float32) * np.float32(scale)
     return mx.array(data + np.float32(loc)).astype(mx_dtype(dtype))
 

@@ -13,7 +13,8 @@ What zmlx 0.10 does (``zmlx/autotune.py``, ``zmlx/device.py``), and so what this
   ``{"tg": [x, y, z], "template": [[name, value], ...]}``.
 
 KernelFleet's entries come from the exact launch a config makes (``kernels.launch.capture``, which
-renders without running, so it works on any machine): kernel name, input shapes and dtypes, grid,
+renders without running, so it works on any machine; the inputs are shape-only placeholders,
+``kernels.common.shapes_only``): kernel name, input shapes and dtypes, grid,
 threadgroup and template. A dtype template value is written as its name (``"float16"``), the only
 JSON form it has. Built-in entries have no launch and are not written. Other devices' entries,
 and this device's entries for other keys, are kept. A file that is not valid schema-3.0 JSON is
@@ -63,13 +64,15 @@ def launch_entries(kernel: str, shape: str, dtype: str, config: dict[str, Any]) 
     """The zmlx cache entries (key string -> value) of the launches ``config`` makes at ``shape``."""
     import importlib
 
+    from kernelfleet.kernels.common import shapes_only
     from kernelfleet.kernels.launch import capture
     from kernelfleet.kernels.spec import parse_shape
 
     module = importlib.import_module(f"kernelfleet.kernels.{kernel}_kernel")
     dims = parse_shape(shape)
     fn = module.make(config, "metal", dims, dtype)
-    inputs = module.SPEC.make_inputs(dims, dtype, 0)
+    with shapes_only():  # only the inputs' shapes and dtypes reach the captured launch
+        inputs = module.SPEC.make_inputs(dims, dtype, 0)
     with capture() as records:
         fn(inputs)
     out: dict[str, dict[str, Any]] = {}

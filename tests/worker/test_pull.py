@@ -5,6 +5,7 @@ the zmlx cache read back by the real ``zmlx.autotune.load_autotune_cache``; and 
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import socket
@@ -18,8 +19,10 @@ import numpy as np
 import pytest
 
 from kernelfleet.kernels import profile_file
-from kernelfleet.kernels.catalog import get_spec
-from kernelfleet.kernels.spec import config_key
+from kernelfleet.kernels.catalog import all_specs, get_spec
+from kernelfleet.kernels.launch import capture
+from kernelfleet.kernels.spec import config_key, format_shape
+from kernelfleet.worker.zmlx_cache import launch_entries
 
 M3_MAX = "Apple M3 Max"
 
@@ -316,3 +319,26 @@ def test_unknown_chip_gets_a_clear_error(coordinator: Any, dirs: dict[str, str])
     assert not Path(dirs["KERNELFLEET_PROFILE_DIR"]).exists()
     with httpx.Client() as c:
         assert c.get(coordinator.url + "/api/v1/profiles").json() == []
+
+
+
+@pytest.mark.parametrize("kernel", [s.name for s in all_specs()])
+def test_zmlx_entries_from_shape_only_inputs_match_real_inputs(kernel: str) -> None:
+    """Pull captures each config's launch on shape-only placeholder inputs (no data generated); the
+    entries are exactly those the seeded inputs give."""
+    spec = get_spec(kernel)
+    module = importlib.import_module(f"kernelfleet.kernels.{kernel}_kernel")
+    for kind in ("decode", "large"):
+        full = tuple(spec.shapes[kind][0])
+        shape = (min(full[0], 64), *full[1:])  # seeded inputs of a large shape take seconds to make
+        config = spec.default_config(shape, "float16")
+        with capture() as records:
+            module.make(config, "metal", shape, "float16")(spec.make_inputs(shape, "float16", 0))
+        expected = {
+            json.dumps({"name": r.rendered.name, "shapes": [list(x) for x in r.input_shapes],
+                        "dtypes": [str(d) for d in r.input_dtypes], "grid": list(r.launch.grid),
+                        "t_params": [["tuning", "templates"]]}): list(r.launch.threadgroup)
+            for r in records
+        }
+        entries = launch_entries(kernel, format_shape(shape), "float16", config)
+        assert {k: v["tg"] for k, v in entries.items()} == expected
