@@ -221,6 +221,16 @@ def side_by_side(spec: KernelSpec, shape: Shape, dtype: str, keys: Sequence[str]
         return measurer.measure(keys, rounds)
 
 
+def side_by_side_gap(spec: KernelSpec, shape: Shape, dtype: str, a: str, b: str) -> float | None:
+    """How far apart configs ``a`` and ``b`` are timed side by side: |t_a - t_b| / min(t_a, t_b);
+    0 when they are the same config, None when either failed."""
+    if a == b:
+        return 0.0
+    ref = side_by_side(spec, shape, dtype, [a, b])
+    ta, tb = ref[a], ref[b]
+    return abs(ta - tb) / min(ta, tb) if ta and tb else None
+
+
 def row_for(kind: str, task: Task, outcome: TuneOutcome, limit_gbs: float) -> dict[str, Any]:
     return row_from_report(outcome.report, limit_gbs, kind) | {"tune_s": outcome.total_s}
 

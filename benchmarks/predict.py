@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     if side_by_side is None and args.data == parser.get_default("data"):
         side_by_side = [RESULTS / n for n in SIDE_BY_SIDE_FILES if (RESULTS / n).exists()]
     for path in side_by_side or []:  # one section per run: two runs show the referee's own noise
-        lines += ["", *side_by_side_lines(rows, path, args.chip, within)]
+        lines += ["", *side_by_side_lines(rows, path, args.chip, within, tol)]
     misses = [r for r in rows if r["pick"] and (r.get("ratio") is None or r["ratio"] > tol)]
     lines += ["", f"misses ({len(misses)}):"]
     for r in misses:
@@ -199,7 +199,8 @@ def side_by_side_jobs(rows: list[dict[str, Any]], chip: str) -> list[dict[str, A
     return jobs
 
 
-def side_by_side_lines(rows: list[dict[str, Any]], path: Path, chip: str, within: Any) -> list[str]:
+def side_by_side_lines(rows: list[dict[str, Any]], path: Path, chip: str, within: Any,
+                       tol: float) -> list[str]:
     """The held-out shapes of ``chip`` scored on one side-by-side run: each config's median over the
     tuned best's median in the same measurement. A pick equal to the tuned best scores 1.0 untimed;
     the default and the built-in are compared with the pick on the timed shapes only."""
@@ -226,14 +227,15 @@ def side_by_side_lines(rows: list[dict[str, Any]], path: Path, chip: str, within
             t = medians.get(key) if key else None
             timed[name].append(t / best if t and best else None)
         picks.append(timed["pick"][-1])
-        if picks[-1] is None or picks[-1] > 1.05:
+        if picks[-1] is None or picks[-1] > tol:
             ratio = "failed" if picks[-1] is None else f"{(picks[-1] - 1) * 100:+.1f}%"
             misses.append(f"{' '.join(r['key'][1:3])} {r['pick']} ({ratio} vs {r['best_key']})")
     n = len(timed["pick"])
     return [
         f"side by side on the GPU ({path.name}): {chip} held-out shapes; {n} picks that are not the tuned "
         f"best timed again beside it" + (f", {untimed} not timed (left out)" if untimed else ""),
-        f"predicted config  within 5%: {within(picks)}   (a pick equal to the tuned best counts 1.0)",
+        f"predicted config  within {tol - 1:.0%}: {within(picks)}   "
+        "(a pick equal to the tuned best counts 1.0)",
         f"on the {n} timed shapes: predicted {within(timed['pick'])}, kernel default "
         f"{within(timed['default'])}, MLX built-in {within(timed['builtin'])}",
         f"misses: {'; '.join(misses) or 'none'}",

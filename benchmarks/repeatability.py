@@ -66,10 +66,7 @@ def main() -> int:
             (k1, m1), (k2, m2) = picks
             diff = abs(m1 - m2) / min(m1, m2)
             diffs.append(diff)
-            side: float | None = 0.0
-            if k1 != k2:
-                ref = kb.side_by_side(kb.cached_spec(spec.name), shape, dtype, [k1, k2])
-                side = abs(ref[k1] - ref[k2]) / min(ref[k1], ref[k2]) if ref[k1] and ref[k2] else None
+            side = kb.side_by_side_gap(kb.cached_spec(spec.name), shape, dtype, k1, k2)
             if side is not None:
                 sides.append(side)
             lines.append(f"{spec.name:<20} {kind:<6} {format_shape(shape):<12} {dtype:<8} "

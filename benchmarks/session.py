@@ -275,10 +275,7 @@ def repeat_row(spec: KernelSpec, shape: Shape, dtype: str,
     """Two tunes' picks: their reported medians (measured apart: the machine's drift between the tunes
     counts too) and the two configs timed again side by side (``side``; 0 when both picked the same)."""
     (k1, m1), (k2, m2) = picks
-    side: float | None = 0.0
-    if k1 != k2:
-        ref = kb.side_by_side(spec, shape, dtype, [k1, k2])
-        side = abs(ref[k1] - ref[k2]) / min(ref[k1], ref[k2]) if ref[k1] and ref[k2] else None
+    side = kb.side_by_side_gap(spec, shape, dtype, k1, k2)
     return {"kernel": spec.name, "shape": format_shape(shape), "dtype": dtype, "pick1": k1, "us1": m1,
             "pick2": k2, "us2": m2, "diff": abs(m1 - m2) / min(m1, m2), "side": side}
 
