@@ -9,10 +9,10 @@ PORT   ?= 8600
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run test lint typecheck pytest bench-kernels bench-search bench-gpu bench-predict bench-dashboard bench-detector clean
+.PHONY: help venv run test lint typecheck pytest bench-kernels bench-search bench-gpu bench-launch-floor bench-predict bench-dashboard bench-detector clean
 
 help: ## Show this help
-	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-16s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-18s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "KernelFleet needs Python 3.11 or newer")'
@@ -46,6 +46,9 @@ bench-search: $(STAMP) ## Successive halving vs exhaustive search: quality and t
 
 bench-gpu: $(STAMP) ## Kernel table, search, repeatability, tuning data on every GPU of this host (CUDA)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash benchmarks/multi_gpu.sh
+
+bench-launch-floor: $(STAMP) ## Round length and mx.compile vs per-launch medians, side by side (GPU)
+	$(BIN)/python benchmarks/launch_floor.py
 
 bench-predict: $(STAMP) ## Held-out config predictions on the committed GPU reports (+ their side-by-side runs)
 	$(BIN)/python benchmarks/predict.py

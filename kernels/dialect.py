@@ -46,6 +46,8 @@ VOCABULARY: dict[str, str] = {
     "KF_SIZE": "64-bit unsigned index type",
     # math (float in, float out)
     "KF_EXP": "e^x",
+    "KF_EXP_FAST": "e^x for x <= 0 (x minus its row's max), where the backend has a faster, slightly "
+                   "less exact e^x (CUDA: __expf, 2 + 1.2|x| ulp); Metal: the precise exp",
     "KF_LOG": "natural logarithm",
     "KF_SQRT": "square root",
     "KF_RSQRT": "1/sqrt(x)",

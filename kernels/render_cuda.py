@@ -23,6 +23,7 @@ TOKENS: dict[str, str] = {
     "KF_UINT": "unsigned int",
     "KF_SIZE": "size_t",
     "KF_EXP": "expf",
+    "KF_EXP_FAST": "__expf",
     "KF_LOG": "logf",
     "KF_SQRT": "sqrtf",
     "KF_RSQRT": "rsqrtf",

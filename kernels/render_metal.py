@@ -21,6 +21,7 @@ TOKENS: dict[str, str] = {
     "KF_UINT": "uint",
     "KF_SIZE": "size_t",
     "KF_EXP": "metal::precise::exp",
+    "KF_EXP_FAST": "metal::precise::exp",
     "KF_LOG": "metal::precise::log",
     "KF_SQRT": "metal::precise::sqrt",
     "KF_RSQRT": "metal::precise::rsqrt",

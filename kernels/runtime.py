@@ -4,14 +4,17 @@ Choice per call: the profile entry for (kernel, shape, dtype) on this chip
 (:func:`kernelfleet.kernels.profile_file.lookup`), else the spec's default config. A profile
 entry whose config is the built-in runs the built-in; so does a backend without custom kernels
 (CPU), a dtype or shape the custom kernel does not handle, and a stale profile config that is no
-longer in the kernel's space (logged once). Built kernel functions are cached per
-(kernel, config key, dtype, shape class, parameters), all plain values.
+longer in the kernel's space (logged once). A custom kernel runs as one ``mx.compile``d graph
+(:func:`~kernelfleet.kernels.launch.compiled_call`), as the tuner timed it; those graphs are cached
+per (kernel, config key, dtype, shape, parameters), all plain values, and the :data:`MAX_BUILT`
+most recently used are kept.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -21,6 +24,7 @@ import mlx.core as mx
 
 from . import profile_file
 from .common import dtype_name
+from .launch import compiled_call
 from .spec import BUILTIN, BadShape, Config, GpuBackend, KernelFn, Shape, config_key, format_shape
 
 logger = logging.getLogger(__name__)
@@ -60,7 +64,8 @@ def gpu_backend() -> GpuBackend | None:
     return None
 
 
-_built: dict[tuple[str, str, str, Shape, Params, str], KernelFn] = {}
+MAX_BUILT = 256
+_built: OrderedDict[tuple[str, str, str, Shape, Params, str], KernelFn] = OrderedDict()
 _warned: set[tuple[str, str, str, str]] = set()
 
 
@@ -103,12 +108,16 @@ def dispatch(name: str, inputs: Sequence[mx.array], shape: Shape, dtype_of: int 
     if config == BUILTIN:
         return list(mod.builtin(inputs, **params))
     pkey: Params = tuple(sorted(params.items()))
-    key = (name, config_key(config), dtype, tuple(shape[1:]), pkey, backend)
+    key = (name, config_key(config), dtype, tuple(shape), pkey, backend)
     fn = _built.get(key)
     if fn is None:
-        fn = mod.make(config, backend, shape, dtype, **params)
+        fn = compiled_call(mod.make(config, backend, shape, dtype, **params))
         _built[key] = fn
-    return list(fn(inputs))
+        if len(_built) > MAX_BUILT:
+            _built.popitem(last=False)
+    else:
+        _built.move_to_end(key)
+    return fn(inputs)
 
 
 def clear_caches() -> None:

@@ -22,7 +22,7 @@ BODY = rowwise.LOAD_ROW + rowwise.ROW_MAX + r"""
     if (it * TPR + t < D / V) {
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        xv[it * V + k] = KF_EXP(xv[it * V + k] - m);
+        xv[it * V + k] = KF_EXP_FAST(xv[it * V + k] - m);
         s += xv[it * V + k];
       }
     }

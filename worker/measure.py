@@ -5,10 +5,14 @@
   compiling), ``launch_error`` (a call or evaluation raised), ``mismatch`` (outside the spec's
   tolerance). Nothing is dropped.
 - Each good candidate is warmed up, then calibrated: K launches per round, chosen so one round
-  lasts at least ``min_round_s`` (1 ms), so a decode-size launch is timed as many launches between
-  two ``mx.synchronize()`` calls rather than one launch drowned in sync overhead. The calibration's
-  last timing (at least a quarter round) is kept apart from the samples: search strategies may use
-  it to screen candidates (:meth:`Measurer.best_seen`); reports hold only the timed rounds.
+  lasts at least ``min_round_s`` (4 ms), so a decode-size launch is timed as many launches between
+  two ``mx.synchronize()`` calls rather than one launch drowned in sync overhead. A round also pays
+  a fixed cost to start and drain the queue. On an H100 host
+  (``benchmarks/results/h100_launch_floor.txt``) a 200 µs kernel's median (layernorm 16384x8192)
+  came out 11 % above its 16 ms-round median with 1 ms rounds, 3 % with 4 ms rounds; a 1 GiB copy
+  8 % and 2 %. The calibration's last timing (at least a quarter round) is kept apart from the
+  samples: search strategies may use it to screen candidates (:meth:`Measurer.best_seen`); reports
+  hold only the timed rounds.
 - A round times K launches (each ``mx.async_eval``'d) between synchronizations; one sample is the
   round time / K, in microseconds. Rounds visit the candidates in a freshly shuffled (seeded)
   order each time, so drift (clocks, heat, other tenants) hits all candidates alike.
@@ -106,7 +110,7 @@ class Measurer:
 
     def __init__(self, spec: KernelSpec, backend: Backend, shape: Shape, dtype: str,
                  inputs: Sequence[mx.array], reference: Sequence[mx.array], configs: Sequence[Config], *,
-                 seed: int = 0, min_round_s: float = 1e-3, max_launches: int = 4096, warmup: int = 1,
+                 seed: int = 0, min_round_s: float = 4e-3, max_launches: int = 4096, warmup: int = 1,
                  on_step: Callable[[], None] | None = None) -> None:
         self.spec, self.backend, self.shape, self.dtype = spec, backend, shape, dtype
         self.inputs, self.reference = list(inputs), list(reference)

@@ -11,7 +11,8 @@ import mlx.core as mx
 import pytest
 
 from kernelfleet.kernels.catalog import NAMES, get_spec
-from kernelfleet.kernels.spec import DTYPES, config_key
+from kernelfleet.kernels.spec import BUILTIN, DTYPES, config_key
+from kernelfleet.worker.backends.registry import get_backend
 
 BACKENDS = [
     pytest.param("cpu", id="cpu"),
@@ -41,6 +42,7 @@ def test_catalog(name: str, dtype: str, backend: str) -> None:
     failures: list[str] = []
     checked = 0
     device = mx.cpu if backend == "cpu" else mx.gpu
+    runner = get_backend(backend)
     with mx.stream(device):
         for shape in spec.test_shapes:
             inputs = spec.make_inputs(shape, dtype, 0)
@@ -52,11 +54,8 @@ def test_catalog(name: str, dtype: str, backend: str) -> None:
                 assert configs, f"{name} {shape} {dtype}: empty parameter space"
                 candidates += [(config_key(c), c) for c in configs]
             for key, config in candidates:
-                try:
-                    if config is None:
-                        outs = spec.builtin(inputs)
-                    else:
-                        outs = spec.build(config, backend, shape, dtype)(inputs)
+                try:  # built the way the tuner and the runtime build it (one compiled graph on a GPU)
+                    outs = runner.build(spec, BUILTIN if config is None else config, shape, dtype)(inputs)
                     mx.eval(outs)
                 except Exception as e:  # a failing candidate is a test failure, reported with the rest
                     failures.append(f"{shape} {key}: {type(e).__name__}: {str(e)[:300]}")

@@ -13,7 +13,7 @@ import pytest
 import kernelfleet.kernels as K
 from kernelfleet.kernels import profile_file, runtime
 from kernelfleet.kernels.catalog import get_spec
-from kernelfleet.kernels.launch import capture
+from kernelfleet.kernels.launch import capture, compiled_call
 from kernelfleet.kernels.runtime import Target
 
 
@@ -103,6 +103,30 @@ def test_built_kernels_are_cached_by_value(monkeypatch: pytest.MonkeyPatch) -> N
     keys = list(runtime._built)
     assert len(keys) == 2
     assert all(isinstance(k, tuple) and all(not callable(p) for p in k) for k in keys)
+
+
+def test_compiled_graphs_are_kept_for_the_most_recently_used_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    _as_gpu(monkeypatch, "Test GPU")
+    monkeypatch.setattr(runtime, "MAX_BUILT", 2)
+    x, w = get_spec("rmsnorm").make_inputs((3, 1024), "float32", 0)
+    with capture() as recs:
+        for rows in (1, 2, 1, 3):
+            K.rmsnorm(x[:rows], w)
+    assert len(recs) == 4
+    assert [k[3] for k in runtime._built] == [(1, 1024), (3, 1024)]  # (2, 1024) was least recently used
+
+
+def test_compiled_call_matches_the_plain_call_and_never_traces_under_capture() -> None:
+    spec = get_spec("rmsnorm")
+    inputs = spec.make_inputs((4, 1024), "float32", 0)
+    fn = compiled_call(spec.build(spec.default_config((4, 1024), "float32"), "cuda", (4, 1024), "float32"))
+    with capture() as recs:
+        fn(inputs)
+        fn(inputs)
+    assert len(recs) == 2  # each call ran the Python wrapper: no trace kept the captured zeros
+    composed = compiled_call(lambda xs: spec.reference(xs))  # runs on this CPU host too
+    for _ in range(2):  # the first call traces, the second replays
+        assert mx.array_equal(composed(inputs)[0], spec.reference(inputs)[0]).item()
 
 
 def _api_call(name: str, inputs: list[mx.array]) -> list[mx.array]:

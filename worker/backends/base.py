@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 
 import mlx.core as mx
 
+from kernelfleet.kernels.launch import compiled_call
 from kernelfleet.kernels.spec import BUILTIN, Config, KernelFn, KernelSpec, Shape, config_key
 
 
@@ -25,7 +26,9 @@ class Backend(ABC):
     """Where candidates run.
 
     ``candidates`` lists the configs to try, the built-in first; ``build`` turns one into a
-    callable. A backend without custom kernels (cpu) offers the built-in only.
+    callable: the built-in as users call it, a custom kernel as one ``mx.compile``d graph
+    (:func:`~kernelfleet.kernels.launch.compiled_call`), as the runtime runs both. A backend without
+    custom kernels (cpu) offers the built-in only.
     """
 
     name: str
@@ -60,7 +63,7 @@ class Backend(ABC):
             return spec.builtin
         if not self.supports_custom_kernels:
             raise BackendError(f"the {self.name} backend runs only the built-in, not {config_key(config)}")
-        return spec.build(config, self.name, shape, dtype)
+        return compiled_call(spec.build(config, self.name, shape, dtype))
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
