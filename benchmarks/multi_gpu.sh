@@ -9,6 +9,8 @@
 # KF_TURN_CACHE_GB (default 8: MLX buffer cache of the unit whose turn it is); JOBS=FILE (side-by-side jobs,
 # e.g. from benchmarks/predict.py --jobs: only their units, pass 3; the rows land in side_by_side_<tag>.jsonl).
 # nvidia-smi logs clocks, power, temperature and throttle reasons every 200 ms to $OUT/smi.csv.
+# Duration: PASSES=1 over the whole catalog took 327 + 321 s on one H100 (4 ms rounds), as two runs of six
+# KERNELS each; merge their unit files with `python benchmarks/session.py --merge DIR --tag TAG`.
 set -u
 OUT="${OUT:-benchmarks/results/new}"; mkdir -p "$OUT"; rm -rf "$OUT/turns"
 TAG="${TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oi 'h[0-9]\{3\}' | tr 'A-Z' 'a-z')}"
