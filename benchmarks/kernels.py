@@ -31,7 +31,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 os.environ.setdefault("MLX_ENABLE_CACHE_THRASHING_CHECK", "0")
@@ -82,6 +82,21 @@ def time_fn(fn: Any, launches: int = 20, rounds: int = 15) -> float:
     return float(sorted(samples)[len(samples) // 2])
 
 
+def copy_kernel(backend: str) -> Callable[[mx.array], mx.array]:
+    """A device-to-device copy by a custom kernel (16 bytes per thread; ``x.nbytes`` a multiple
+    of 16), for the ``cuda`` or ``metal`` backend: the bandwidth the table's kernels are held to."""
+    make: Any = mx.fast.cuda_kernel if backend == "cuda" else mx.fast.metal_kernel
+    kernel = make(name="kf_bench_copy", input_names=["inp"], output_names=["out"],
+                  source=_COPY_CUDA if backend == "cuda" else _COPY_METAL)
+
+    def copy(x: mx.array) -> mx.array:
+        n16 = x.nbytes // 16
+        return kernel(inputs=[x], template=[("N", n16)], grid=(n16, 1, 1), threadgroup=(256, 1, 1),
+                      output_shapes=[x.shape], output_dtypes=[x.dtype])[0]
+
+    return copy
+
+
 def copy_bandwidth(backend: str, nbytes: int = 1 << 30) -> dict[str, float]:
     """Measured device-to-device copy bandwidth in GB/s (read + write counted)."""
     n = nbytes // 4
@@ -89,19 +104,11 @@ def copy_bandwidth(backend: str, nbytes: int = 1 << 30) -> dict[str, float]:
     mx.eval(x)
     out: dict[str, float] = {}
     if backend in ("cuda", "metal"):
-        make: Any = mx.fast.cuda_kernel if backend == "cuda" else mx.fast.metal_kernel
-        kernel = make(name="kf_bench_copy", input_names=["inp"], output_names=["out"],
-                      source=_COPY_CUDA if backend == "cuda" else _COPY_METAL)
-        n16 = nbytes // 16
-
-        def copy() -> Any:
-            return kernel(inputs=[x], template=[("N", n16)], grid=(n16, 1, 1), threadgroup=(256, 1, 1),
-                          output_shapes=[x.shape], output_dtypes=[x.dtype])[0]
-
-        check = copy()
+        copy = copy_kernel(backend)
+        check = copy(x)
         mx.eval(check)
         if bool(mx.array_equal(check, x).item()):
-            out["copy_kernel"] = 2 * nbytes / time_fn(copy) / 1e9
+            out["copy_kernel"] = 2 * nbytes / time_fn(lambda: copy(x)) / 1e9
     launches = 20 if backend in ("cuda", "metal") else 2
     out["mlx_x_plus_0"] = 2 * nbytes / time_fn(lambda: x + 0, launches=launches, rounds=5) / 1e9
     out["limit"] = max(out.values())
