@@ -12,15 +12,18 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 
+import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import Engine
 from starlette.exceptions import HTTPException
 
-from kernelfleet.service.db import make_sessionmaker
+from kernelfleet.service.db import is_sqlite, make_sessionmaker
 from kernelfleet.service.errors import CoordinatorError
+from kernelfleet.service.leader import LOCK_FILE, ProcessLock
 from kernelfleet.service.limits import BodyLimitMiddleware, describe_validation_errors
+from kernelfleet.service.longpoll import LeaseWaiters
 from kernelfleet.service.migrate import make_checked_engine
 from kernelfleet.service.reaper import run_reaper
 from kernelfleet.service.settings import Settings
@@ -50,18 +53,27 @@ SITE_ROUTERS: tuple[str, ...] = (
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     """Build the coordinator. Raises :class:`~kernelfleet.service.migrate.SchemaNotCurrent` when the
     database is not migrated to head."""
-    engine = engine or make_checked_engine(settings.database_url)
+    engine = engine or make_checked_engine(settings.database_url, **settings.engine_options())
     session_factory = make_sessionmaker(engine)
+    waiters = LeaseWaiters(session_factory, settings.lease_poll_seconds)
+    process_lock = ProcessLock(settings.resolved_data_dir() / LOCK_FILE) if is_sqlite(engine) else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        reaper = asyncio.create_task(run_reaper(session_factory, settings), name="kernelfleet-reaper")
+        # sync routes run on anyio's default thread limiter: one thread per pool connection, so no
+        # thread waits for a connection (a session never waits for a second thread: see deps.py)
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.threads()
+        reaper = asyncio.create_task(run_reaper(session_factory, settings, process_lock),
+                                     name="kernelfleet-reaper")
         try:
             yield
         finally:
             reaper.cancel()
             with suppress(asyncio.CancelledError):
                 await reaper
+            await waiters.close()
+            if process_lock is not None:
+                process_lock.release()
             engine.dispose()
 
     app = FastAPI(
@@ -73,6 +85,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine = engine
     app.state.session_factory = session_factory
+    app.state.lease_waiters = waiters
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
 
     @app.exception_handler(CoordinatorError)
@@ -98,3 +111,9 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     for module in SITE_ROUTERS:
         app.include_router(importlib.import_module(module).router)
     return app
+
+
+def app_from_env() -> FastAPI:
+    """The app factory for ``uvicorn --factory`` and ``kernelfleet serve --workers N``: settings from
+    the ``KERNELFLEET_*`` environment."""
+    return create_app(Settings())

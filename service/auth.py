@@ -8,9 +8,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 from sqlalchemy import select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from kernelfleet.service.db import db_now, immediate
 from kernelfleet.service.errors import Forbidden, Unauthorized
@@ -57,32 +60,54 @@ def _find_worker(session: Session, token: str) -> Worker | None:
 def authenticate_worker(session: Session, token: str | None) -> Worker:
     """The worker owning ``token``; records its heartbeat (database clock). Raises 401 otherwise.
 
-    Runs (and commits) its own short write transaction.
+    Runs inside the caller's transaction: one UPDATE through the unique ``token_digest`` index.
     """
     if token is None:
         raise Unauthorized("missing worker token: send `Authorization: Bearer <worker token>`")
-    with immediate(session):
-        worker = _find_worker(session, token)
-        if worker is None:
-            raise Unauthorized("invalid worker token: enroll again with "
-                               "`kernelfleet worker --enroll-token ...`")
-        if worker.revoked_at is not None:
-            raise Unauthorized(f"worker {worker.id} ({worker.name}) was revoked; "
-                               f"enroll it again to get a new token")
-        session.execute(update(Worker).where(Worker.id == worker.id).values(last_heartbeat_at=db_now()))
-        session.refresh(worker)
-    return worker
+    wanted = digest(token)
+    worker = session.scalars(
+        update(Worker).where(Worker.token_digest == wanted, Worker.revoked_at.is_(None))
+        .values(last_heartbeat_at=db_now()).returning(Worker)
+        .execution_options(synchronize_session=False)
+    ).first()
+    if worker is not None and hmac.compare_digest(worker.token_digest, wanted):
+        return worker
+    revoked = _find_worker(session, token)
+    if revoked is not None:
+        raise Unauthorized(f"worker {revoked.id} ({revoked.name}) was revoked; "
+                           f"enroll it again to get a new token")
+    raise Unauthorized("invalid worker token: enroll again with `kernelfleet worker --enroll-token ...`")
 
 
-def authenticate_admin(session: Session, token: str | None, admin_token: str | None) -> None:
-    """Accept only the admin token: 401 without a valid token, 403 for a worker token."""
+@dataclass(frozen=True)
+class WorkerCall:
+    """A worker's request: its bearer token, checked in the route's own unit of work.
+
+    ``with call.transaction() as (session, worker):`` opens a session, begins a write transaction
+    (``BEGIN IMMEDIATE`` on SQLite), authenticates the worker and commits on success, all on the
+    calling thread: the session never waits for another thread while it holds a connection.
+    """
+
+    session_factory: sessionmaker[Session]
+    token: str | None
+
+    @contextmanager
+    def transaction(self) -> Iterator[tuple[Session, Worker]]:
+        with self.session_factory() as session, immediate(session):
+            yield session, authenticate_worker(session, self.token)
+
+
+def authenticate_admin(session_factory: sessionmaker[Session], token: str | None,
+                       admin_token: str | None) -> None:
+    """Accept only the admin token: 401 without a valid token, 403 for a worker token (looked up in a
+    short session of its own, only when the token is not the admin token)."""
     if token is None:
         raise Unauthorized("missing admin token: send `Authorization: Bearer <admin token>` "
                            "(the coordinator's KERNELFLEET_ADMIN_TOKEN)")
     if is_admin_token(token, admin_token):
         return
-    worker = _find_worker(session, token)
-    session.rollback()
+    with session_factory() as session:
+        worker = _find_worker(session, token)
     if worker is not None:
         raise Forbidden("this route needs the admin token; a worker token is not accepted here")
     raise Unauthorized("invalid admin token: use the coordinator's KERNELFLEET_ADMIN_TOKEN")

@@ -1,16 +1,23 @@
-"""Typed FastAPI dependencies: ``SessionDep``, ``SettingsDep``, ``WorkerDep``, ``AdminDep`` and
-``DashboardDep`` (public when ``settings.dashboard_public``, else the admin token)."""
+"""Typed FastAPI dependencies: ``DbDep``, ``SettingsDep``, ``WorkerCallDep``, ``AdminDep`` and
+``DashboardDep`` (public when ``settings.dashboard_public``, else the admin token).
+
+No dependency holds a database session across the request. FastAPI runs each sync dependency, the
+sync route body and the route's response validation on separate threadpool threads; a session
+opened by a ``yield`` dependency kept its connection checked out while the request waited for the
+next thread, and about 60 concurrent requests then held every connection while all 40 threads
+waited for one (a deadlock until the pool timeout). So a route gets the session factory
+(``DbDep``) and opens and closes its session inside its own body, and a worker's token is checked in
+that same unit of work (``WorkerCallDep``: ``with call.transaction() as (session, worker): ...``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session, sessionmaker
 
-from kernelfleet.service.auth import authenticate_admin, authenticate_worker, bearer_token
-from kernelfleet.service.models import Worker
+from kernelfleet.service.auth import WorkerCall, authenticate_admin, bearer_token
 from kernelfleet.service.settings import Settings
 
 ADMIN_COOKIE = "kernelfleet_admin"
@@ -26,33 +33,28 @@ def get_session_factory(request: Request) -> sessionmaker[Session]:
     return factory
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    with get_session_factory(request)() as session:
-        yield session
-
-
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
-SessionDep = Annotated[Session, Depends(get_session)]
+# the unit of work: `with db() as session:` (or `with db() as session, immediate(session):` to write)
+DbDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
 
 
-def require_worker(request: Request, session: SessionDep) -> Worker:
-    return authenticate_worker(session, bearer_token(request.headers.get("authorization")))
+def worker_call(request: Request, db: DbDep) -> WorkerCall:
+    return WorkerCall(db, bearer_token(request.headers.get("authorization")))
 
 
-def require_admin(request: Request, session: SessionDep, settings: SettingsDep) -> None:
-    authenticate_admin(session, bearer_token(request.headers.get("authorization")), settings.admin_token)
+def require_admin(request: Request, db: DbDep, settings: SettingsDep) -> None:
+    authenticate_admin(db, bearer_token(request.headers.get("authorization")), settings.admin_token)
 
 
-def require_dashboard(request: Request, session: SessionDep, settings: SettingsDep) -> None:
+def require_dashboard(request: Request, db: DbDep, settings: SettingsDep) -> None:
     """Dashboard pages: open when ``dashboard_public``; otherwise the admin token, as a bearer header
     or in the ``kernelfleet_admin`` cookie."""
     if settings.dashboard_public:
         return
     token = bearer_token(request.headers.get("authorization")) or request.cookies.get(ADMIN_COOKIE)
-    authenticate_admin(session, token, settings.admin_token)
+    authenticate_admin(db, token, settings.admin_token)
 
 
-WorkerDep = Annotated[Worker, Depends(require_worker)]
+WorkerCallDep = Annotated[WorkerCall, Depends(worker_call)]
 AdminDep = Annotated[None, Depends(require_admin)]
 DashboardDep = Annotated[None, Depends(require_dashboard)]

@@ -1,16 +1,19 @@
 """The reaper: a background task in the app's lifespan that requeues expired leases (with backoff)
-or marks their jobs dead at max_attempts. On PostgreSQL each pass runs under a transaction-level
-advisory lock, so only one coordinator replica reaps at a time."""
+or marks their jobs dead at max_attempts, and requeues unconfirmed leases that ran out with their
+attempt refunded. One process reaps at a time (:mod:`kernelfleet.service.leader`): on PostgreSQL
+each pass runs under a transaction-level advisory lock, on SQLite only the holder of the data
+directory's process lock reaps."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
-from sqlalchemy import func, select, update
+from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from kernelfleet.service.db import db_now, immediate, is_sqlite
+from kernelfleet.service.db import db_now, immediate
+from kernelfleet.service.leader import ProcessLock, try_pass_lock
 from kernelfleet.service.leasing import Transition, reap_expired
 from kernelfleet.service.models import Job, JobState
 from kernelfleet.service.settings import Settings
@@ -20,13 +23,11 @@ logger = logging.getLogger(__name__)
 REAPER_LOCK_KEY = 0x4B46_5245  # "KFRE"
 
 
-def reap_once(session_factory: sessionmaker[Session], settings: Settings) -> list[Transition]:
-    """One reaper pass; returns the jobs it requeued or killed (empty when another replica holds the lock)."""
+def reap_once(session_factory: sessionmaker[Session], settings: Settings,
+              process_lock: ProcessLock | None = None) -> list[Transition]:
+    """One reaper pass; returns the jobs it requeued or killed (empty when another process holds the lock)."""
     with session_factory() as session, immediate(session):
-        bind = session.get_bind()
-        if not is_sqlite(bind.engine) and not session.scalar(
-            select(func.pg_try_advisory_xact_lock(REAPER_LOCK_KEY))
-        ):
+        if not try_pass_lock(session, REAPER_LOCK_KEY, process_lock):
             return []
         moved = reap_expired(session, settings.requeue_backoff_seconds, settings.requeue_backoff_max_seconds)
     for t in moved:
@@ -54,7 +55,8 @@ def grant_restart_grace(session_factory: sessionmaker[Session], settings: Settin
     return extended
 
 
-async def run_reaper(session_factory: sessionmaker[Session], settings: Settings) -> None:
+async def run_reaper(session_factory: sessionmaker[Session], settings: Settings,
+                     process_lock: ProcessLock | None = None) -> None:
     """Reap every ``reaper_interval_seconds`` until cancelled (after :func:`grant_restart_grace`)."""
     try:
         await asyncio.to_thread(grant_restart_grace, session_factory, settings)
@@ -62,7 +64,7 @@ async def run_reaper(session_factory: sessionmaker[Session], settings: Settings)
         logger.exception("extending leases after start-up failed")
     while True:
         try:
-            await asyncio.to_thread(reap_once, session_factory, settings)
+            await asyncio.to_thread(reap_once, session_factory, settings, process_lock)
         except Exception:  # keep reaping after a transient database error
             logger.exception("reaper pass failed")
         await asyncio.sleep(settings.reaper_interval_seconds)

@@ -294,7 +294,9 @@ class JobOut(BaseModel):
 # ---- leasing ----
 
 class LeaseIn(Strict):
-    pass
+    # wait up to this long for work when none is queued (long-poll); the coordinator caps it at
+    # KERNELFLEET_LEASE_WAIT_MAX_SECONDS
+    wait_seconds: Annotated[float, Field(ge=0.0, le=3600.0)] = 0.0
 
 
 class LeaseOut(BaseModel):
@@ -304,7 +306,7 @@ class LeaseOut(BaseModel):
     shape: str
     dtype: str
     kind: str
-    lease_expires_at: UtcTime
+    lease_expires_at: UtcTime  # a first, short deadline: confirm the lease with a heartbeat before it
     lease_seconds: float
 
 

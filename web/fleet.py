@@ -13,7 +13,7 @@ from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from kernelfleet.service.db import db_now
-from kernelfleet.service.deps import SessionDep, SettingsDep
+from kernelfleet.service.deps import DbDep, SettingsDep
 from kernelfleet.service.models import Job, JobState, Regression, RegressionStatus, Result, Worker
 from kernelfleet.web.figures import results_per_day_figure
 from kernelfleet.web.render import db_clock, page, utc
@@ -144,35 +144,36 @@ def _totals(session: Session) -> dict[str, int]:
 @router.get("/", response_class=HTMLResponse)
 def fleet(
     request: Request,
-    session: SessionDep,
+    db: DbDep,
     settings: SettingsDep,
     status: Annotated[str | None, Query(pattern="^(online|offline|revoked)$")] = None,
     chip: Annotated[str | None, Query(max_length=128)] = None,
     days: Annotated[int, Query(ge=1, le=90)] = 14,
 ) -> HTMLResponse:
-    now = db_clock(session)
-    all_rows = _workers(session, settings.worker_offline_after_seconds, None, chip)
-    rows = [r for r in all_rows if status is None or r.status == status]
-    _current_jobs(session, rows)
-    labels, counts = _per_day(session, rows, now, days)
-    shown = {k[0] for k in counts}
-    workers = [f"{r.name} (#{r.id})" for r in rows if f"{r.name} (#{r.id})" in shown]
-    figure = results_per_day_figure(labels, workers, counts) if counts else None
-    summary = {s: sum(1 for r in all_rows if r.status == s) for s in STATUSES}
-    chips = session.scalars(select(Worker.chip).distinct().order_by(Worker.chip)).all()
-    return page(
-        request,
-        "fleet.html",
-        title="Fleet",
-        rows=rows,
-        now=now,
-        figure=figure,
-        totals=_totals(session),
-        summary=summary,
-        status=status,
-        chip=chip,
-        chips=chips,
-        days=days,
-        offline_after=settings.worker_offline_after_seconds,
-        utc=utc,
-    )
+    with db() as session:
+        now = db_clock(session)
+        all_rows = _workers(session, settings.worker_offline_after_seconds, None, chip)
+        rows = [r for r in all_rows if status is None or r.status == status]
+        _current_jobs(session, rows)
+        labels, counts = _per_day(session, rows, now, days)
+        shown = {k[0] for k in counts}
+        workers = [f"{r.name} (#{r.id})" for r in rows if f"{r.name} (#{r.id})" in shown]
+        figure = results_per_day_figure(labels, workers, counts) if counts else None
+        summary = {s: sum(1 for r in all_rows if r.status == s) for s in STATUSES}
+        chips = session.scalars(select(Worker.chip).distinct().order_by(Worker.chip)).all()
+        return page(
+            request,
+            "fleet.html",
+            title="Fleet",
+            rows=rows,
+            now=now,
+            figure=figure,
+            totals=_totals(session),
+            summary=summary,
+            status=status,
+            chip=chip,
+            chips=chips,
+            days=days,
+            offline_after=settings.worker_offline_after_seconds,
+            utc=utc,
+        )

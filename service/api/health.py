@@ -7,16 +7,17 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
-from kernelfleet.service.deps import SessionDep
+from kernelfleet.service.deps import DbDep
 from kernelfleet.service.schemas import Health
 
 router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz", response_model=Health, responses={503: {"model": Health}})
-def healthz(session: SessionDep) -> Health | JSONResponse:
+def healthz(db: DbDep) -> Health | JSONResponse:
     try:
-        session.execute(text("SELECT 1"))
+        with db() as session:
+            session.execute(text("SELECT 1"))
     except SQLAlchemyError:
         return JSONResponse(status_code=503, content={"status": "degraded", "database": "unreachable"})
     return Health(status="ok", database="ok")
