@@ -15,20 +15,24 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session, sessionmaker
 
-from kernelfleet.service.auth import WorkerCall, authenticate_admin, bearer_token
+from kernelfleet.service.auth import WorkerCall, authenticate_admin, bearer_token, is_admin_token
 from kernelfleet.service.settings import Settings
 
 ADMIN_COOKIE = "kernelfleet_admin"
 
 
-def get_settings(request: Request) -> Settings:
+# the dependencies are `async def` (they do no I/O): a sync one would cost a threadpool hop each
+
+
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_session_factory(request: Request) -> sessionmaker[Session]:
+async def get_session_factory(request: Request) -> sessionmaker[Session]:
     factory: sessionmaker[Session] = request.app.state.session_factory
     return factory
 
@@ -38,21 +42,29 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 DbDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
 
 
-def worker_call(request: Request, db: DbDep) -> WorkerCall:
+async def worker_call(request: Request, db: DbDep) -> WorkerCall:
     return WorkerCall(db, bearer_token(request.headers.get("authorization")))
 
 
-def require_admin(request: Request, db: DbDep, settings: SettingsDep) -> None:
-    authenticate_admin(db, bearer_token(request.headers.get("authorization")), settings.admin_token)
+async def require_admin(request: Request, db: DbDep, settings: SettingsDep) -> None:
+    await _admin(db, bearer_token(request.headers.get("authorization")), settings.admin_token)
 
 
-def require_dashboard(request: Request, db: DbDep, settings: SettingsDep) -> None:
+async def require_dashboard(request: Request, db: DbDep, settings: SettingsDep) -> None:
     """Dashboard pages: open when ``dashboard_public``; otherwise the admin token, as a bearer header
     or in the ``kernelfleet_admin`` cookie."""
     if settings.dashboard_public:
         return
     token = bearer_token(request.headers.get("authorization")) or request.cookies.get(ADMIN_COOKIE)
-    authenticate_admin(db, token, settings.admin_token)
+    await _admin(db, token, settings.admin_token)
+
+
+async def _admin(db: sessionmaker[Session], token: str | None, admin_token: str | None) -> None:
+    """The admin token is checked on the event loop; any other token is looked up (for a 403 rather
+    than a 401) on a thread of its own, in a session of its own."""
+    if token is not None and is_admin_token(token, admin_token):
+        return
+    await run_in_threadpool(authenticate_admin, db, token, admin_token)
 
 
 WorkerCallDep = Annotated[WorkerCall, Depends(worker_call)]

@@ -283,6 +283,7 @@ class JobOut(BaseModel):
     attempts: int
     max_attempts: int
     leased_by: int | None
+    lease_confirmed: bool  # the leasing worker's first heartbeat arrived
     lease_expires_at: OptUtcTime
     available_at: UtcTime
     created_at: UtcTime
