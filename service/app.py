@@ -22,6 +22,7 @@ from kernelfleet.service.db import make_sessionmaker
 from kernelfleet.service.errors import CoordinatorError
 from kernelfleet.service.limits import BodyLimitMiddleware, describe_validation_errors
 from kernelfleet.service.migrate import make_checked_engine
+from kernelfleet.service.profile_builder import run_profile_builder
 from kernelfleet.service.reaper import run_reaper
 from kernelfleet.service.settings import Settings
 
@@ -55,13 +56,18 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        reaper = asyncio.create_task(run_reaper(session_factory, settings), name="kernelfleet-reaper")
+        tasks = [
+            asyncio.create_task(run_reaper(session_factory, settings), name="kernelfleet-reaper"),
+            asyncio.create_task(run_profile_builder(session_factory, settings), name="kernelfleet-profiles"),
+        ]
         try:
             yield
         finally:
-            reaper.cancel()
-            with suppress(asyncio.CancelledError):
-                await reaper
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with suppress(asyncio.CancelledError):
+                    await task
             engine.dispose()
 
     app = FastAPI(
