@@ -25,6 +25,7 @@ from kernelfleet.service.leader import LOCK_FILE, ProcessLock
 from kernelfleet.service.limits import BodyLimitMiddleware, describe_validation_errors
 from kernelfleet.service.longpoll import LeaseWaiters
 from kernelfleet.service.migrate import make_checked_engine
+from kernelfleet.service.profile_builder import run_profile_builder
 from kernelfleet.service.reaper import run_reaper
 from kernelfleet.service.settings import Settings
 
@@ -63,14 +64,19 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         # sync routes run on anyio's default thread limiter: one thread per pool connection, so no
         # thread waits for a connection (a session never waits for a second thread: see deps.py)
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.threads()
-        reaper = asyncio.create_task(run_reaper(session_factory, settings, process_lock),
-                                     name="kernelfleet-reaper")
+        tasks = [
+            asyncio.create_task(run_reaper(session_factory, settings, process_lock),
+                                name="kernelfleet-reaper"),
+            asyncio.create_task(run_profile_builder(session_factory, settings), name="kernelfleet-profiles"),
+        ]
         try:
             yield
         finally:
-            reaper.cancel()
-            with suppress(asyncio.CancelledError):
-                await reaper
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with suppress(asyncio.CancelledError):
+                    await task
             await waiters.close()
             if process_lock is not None:
                 process_lock.release()

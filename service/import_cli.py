@@ -80,17 +80,19 @@ def import_command(
     try:
         reports = read_reports(path)
         token = resolve_admin_token(admin_token)
-        imported = 0
+        imported = duplicates = 0
         with AdminClient(coordinator, token) as client, Progress(console=err, transient=True) as bar:
             task = bar.add_task("importing", total=len(reports))
             for batch in _batches(reports):
                 got = client.request("POST", "/results/import", json={"reports": batch})
                 imported += int(got["imported"])
+                duplicates += int(got.get("duplicates", 0))
                 bar.advance(task, len(batch))
     except (BadReportFile, ClientError) as e:
         err.print(f"[bold red]error:[/] {e}", highlight=False)
         raise typer.Exit(1) from None
-    out.print(f"imported {imported} reports from {path} into {coordinator}", highlight=False)
+    again = f" ({duplicates} already imported before: not stored twice)" if duplicates else ""
+    out.print(f"imported {imported} reports from {path} into {coordinator}{again}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -189,6 +189,9 @@ class Result(Base):
         Index("ix_results_series", "chip", "kernel", "shape", "dtype", "created_at"),
         Index("ix_results_kernel_created", "kernel", "created_at"),
         Index("ix_results_worker_created", "worker_id", "created_at"),
+        # the same report imported twice is stored once
+        Index("ux_results_import_digest", "payload_digest", unique=True,
+              sqlite_where=text("source = 'import'"), postgresql_where=text("source = 'import'")),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -215,7 +218,9 @@ class Result(Base):
     best_p90_us: Mapped[float | None] = mapped_column(Float)
     builtin_median_us: Mapped[float | None] = mapped_column(Float)
     golden: Mapped[dict[str, Any]] = mapped_column(JSON)  # digest, stats, bounded strided sample
-    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())  # when it was stored
+    # when the worker measured it (its clock, from the report); None for old reports that did not say
+    measured_at: Mapped[datetime | None] = mapped_column(TZ)
 
     trials: Mapped[list[Trial]] = relationship(back_populates="result", lazy="raise",
                                                cascade="all, delete-orphan")
@@ -284,4 +289,84 @@ class Profile(Base):
     version: Mapped[int] = mapped_column(Integer)
     etag: Mapped[str] = mapped_column(String(64))
     body: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+
+
+class ConfigStat(Base):
+    """Incremental statistics of one config on one chip, backend, MLX version and kernel source, at one
+    (kernel, shape, dtype): updated in the transaction that stores each result, at O(its trials).
+    Profiles are built from these rows, never from raw trials (:mod:`kernelfleet.service.aggregates`)."""
+
+    __tablename__ = "config_stats"
+    __table_args__ = (
+        UniqueConstraint("chip", "backend", "mlx_version", "kernel", "shape", "dtype", "kernel_hash",
+                         "config_key", name="uq_config_stats_key"),
+        Index("ix_config_stats_backend_kernel", "backend", "kernel"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    chip: Mapped[str] = mapped_column(String(128), index=True)
+    backend: Mapped[str] = mapped_column(String(16))
+    mlx_version: Mapped[str] = mapped_column(String(64))
+    kernel: Mapped[str] = mapped_column(String(64))
+    shape: Mapped[str] = mapped_column(String(128))
+    dtype: Mapped[str] = mapped_column(String(16))
+    kernel_hash: Mapped[str] = mapped_column(String(64))
+    config_key: Mapped[str] = mapped_column(String(256))
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    is_builtin: Mapped[bool] = mapped_column(Boolean, default=False)
+    runs: Mapped[int] = mapped_column(Integer, default=0)
+    imported_runs: Mapped[int] = mapped_column(Integer, default=0)
+    worker_ids: Mapped[list[Any]] = mapped_column(JSON)  # distinct enrolled workers (bounded)
+    first_seen_at: Mapped[datetime | None] = mapped_column(TZ)
+    last_seen_at: Mapped[datetime | None] = mapped_column(TZ)
+    last_result_id: Mapped[int] = mapped_column(Integer)
+    medians_us: Mapped[list[Any]] = mapped_column(JSON)  # the newest run medians (bounded window)
+    speedups: Mapped[list[Any]] = mapped_column(JSON)  # built-in / this config, same runs (bounded)
+    center_us: Mapped[float] = mapped_column(Float)  # median of the window
+    spread: Mapped[float] = mapped_column(Float)  # 1.4826 * MAD / median of the window (relative)
+    speedup: Mapped[float | None] = mapped_column(Float)  # median of the same-run speedups
+    speedup_lo: Mapped[float | None] = mapped_column(Float)  # ~95 % interval of that median
+    speedup_hi: Mapped[float | None] = mapped_column(Float)
+
+
+class ProfileRequest(Base):
+    """A chip whose profile should be rebuilt: inserted with each stored result (insert-only, so
+    results of one chip never contend on a row), drained by the background builder."""
+
+    __tablename__ = "profile_requests"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    chip: Mapped[str] = mapped_column(String(128), index=True)
+    allow_predicted: Mapped[bool] = mapped_column(Boolean, default=False)  # build even without data
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+
+
+class ProfileBuild(Base):
+    """One background build of a chip's profiles: who built it and when (replicas never overlap)."""
+
+    __tablename__ = "profile_builds"
+    __table_args__ = (Index("ix_profile_builds_chip_started", "chip", "started_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    chip: Mapped[str] = mapped_column(String(128))
+    builder: Mapped[str] = mapped_column(String(128))  # host:pid
+    started_at: Mapped[datetime] = mapped_column(TZ)
+    finished_at: Mapped[datetime] = mapped_column(TZ)
+    requests: Mapped[int] = mapped_column(Integer)  # coalesced requests it answered
+    oldest_request_at: Mapped[datetime | None] = mapped_column(TZ)
+    versions: Mapped[dict[str, Any]] = mapped_column(JSON)  # {mlx_version or "": version}
+
+
+class Calibration(Base):
+    """Prediction confidence calibrated on held-out data, per backend: bins of raw scores and the
+    observed rate at which predictions in each bin landed within 5 % of the tuned best."""
+
+    __tablename__ = "prediction_calibrations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    backend: Mapped[str] = mapped_column(String(16), index=True)
+    bins: Mapped[list[Any]] = mapped_column(JSON)  # [{"lo","hi","n","within","rate"}]
+    samples: Mapped[int] = mapped_column(Integer)
+    source_stats: Mapped[int] = mapped_column(Integer)  # config_stats rows it was computed from
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())

@@ -1,97 +1,53 @@
-"""Per-chip profiles built from results: for each kernel, shape and dtype the best correct config
-(or the built-in where that wins), its expected time and the speedup over the built-in; plus
-learned predictions (:mod:`kernelfleet.service.predict`) for what was never tuned on the chip:
-the shapes tuned on other chips and the catalog's standard shapes of every kernel with results.
+"""Per-chip profiles, built from the incremental ``config_stats`` (never from raw trials).
 
-A profile is stored as a versioned row (``profiles``: chip, optional MLX version, version, ETag,
-body in the :mod:`kernelfleet.kernels.profile_file` format). It is rebuilt when stale: when the
-results it was built from (their count and newest id) changed. A rebuild whose entries are the
-same keeps the version and ETag. The result hook rebuilds a chip's profile at most every
-:data:`REBUILD_EVERY_SECONDS`; a read rebuilds a stale one on the spot.
+A profile holds, per kernel, shape and dtype:
+
+- **measured** entries, for what the chip itself ran: the config with the best speedup over the
+  built-in measured in the same runs, or the built-in where no config beat it (the evidence never
+  picks a config it says is slower). Each carries its evidence: runs, workers, imported runs,
+  first and last measurement, the spread of its run medians and a ~95 % speedup interval;
+- **predicted** entries (:mod:`kernelfleet.service.predict`), for shapes the chip never ran: from
+  results of the same backend only, other chips weighted by similarity. Each carries a confidence
+  calibrated on held-out data (:mod:`kernelfleet.service.calibration`); below the threshold, or
+  where the predicted speedup is not above 1, the entry is the built-in (``fallback`` says why).
+
+CPU profiles hold only built-ins: MLX's CPU backend runs no custom kernels. A profile is stored as
+a versioned row (``profiles``: chip, optional MLX version, version, ETag, body in the
+:mod:`kernelfleet.kernels.profile_file` format). A build whose entries are unchanged keeps the
+version and ETag. Building is background work (:mod:`kernelfleet.service.profile_builder`); its cost
+is O(the stats rows of the chip's backend), independent of how many results are stored.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, select, text
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from kernelfleet.kernels.profile_file import SCHEMA
 from kernelfleet.kernels.spec import parse_config_key
-from kernelfleet.service.db import db_now, immediate, is_sqlite
-from kernelfleet.service.errors import NotFound
-from kernelfleet.service.hooks import on_result_stored
-from kernelfleet.service.models import Profile, Result, Trial, TrialStatus
+from kernelfleet.service import aggregates, calibration, chips
+from kernelfleet.service.models import Calibration, ConfigStat, Profile
 from kernelfleet.service.predict import ChipTable, Observations, predict
 
-logger = logging.getLogger(__name__)
-
-REBUILD_EVERY_SECONDS = 30.0
-PROFILE_LOCK = 0x6B66_7066  # PostgreSQL advisory lock id for profile writes ("kfpf")
-
-
-def fingerprint(session: Session, mlx_version: str | None) -> dict[str, int]:
-    """What a profile was built from: the number of results and the newest result id."""
-    query = select(func.count(Result.id), func.max(Result.id))
-    if mlx_version is not None:
-        query = query.where(Result.mlx_version == mlx_version)
-    count, newest = session.execute(query).one()
-    return {"results": int(count or 0), "max_result_id": int(newest or 0)}
+BUILTIN = "builtin"
+# (chip, kernel, shape, dtype) -> {config_key: its stats row}
+Evidence = dict[tuple[str, str, str, str], dict[str, ConfigStat]]
 
 
-def observations(session: Session, mlx_version: str | None = None) -> tuple[Observations, dict[Any, int]]:
-    """Mean time of every correct config per (chip, kernel, shape, dtype), from the results of each
-    chip's latest kernel source version; and how many runs each (chip, kernel, shape, dtype) has."""
-    newest = select(func.max(Result.id)).group_by(Result.chip, Result.kernel)
-    if mlx_version is not None:
-        newest = newest.where(Result.mlx_version == mlx_version)
-    current = {
-        (c, k): h
-        for c, k, h in session.execute(
-            select(Result.chip, Result.kernel, Result.kernel_hash).where(Result.id.in_(newest))
-        ).all()
-    }
-    query = (
-        select(
-            Result.chip,
-            Result.kernel,
-            Result.shape,
-            Result.dtype,
-            Result.kernel_hash,
-            Trial.config_key,
-            func.avg(Trial.median_us),
-            func.count(func.distinct(Result.id)),
-        )
-        .join(Trial, Trial.result_id == Result.id)
-        .where(Trial.status == TrialStatus.ok, Trial.median_us > 0)
-        .group_by(
-            Result.chip, Result.kernel, Result.shape, Result.dtype, Result.kernel_hash, Trial.config_key
-        )
-    )
-    if mlx_version is not None:
-        query = query.where(Result.mlx_version == mlx_version)
-    tables: dict[str, ChipTable] = {}
-    runs: dict[Any, int] = {}
-    for chip, kernel, shape, dtype, khash, key, mean, n in session.execute(query).all():
-        if current.get((chip, kernel)) != khash:
-            continue  # configs measured on an older kernel source
-        tables.setdefault(chip, {}).setdefault((kernel, shape, dtype), {})[key] = float(mean)
-        runs[(chip, kernel, shape, dtype)] = max(runs.get((chip, kernel, shape, dtype), 0), int(n))
-    return tables, runs
-
-
-def _validator(kernel: str, shape: str, dtype: str) -> Any:
+def _validator(kernel: str, shape: str, dtype: str) -> Callable[[str], bool] | None:
     """``valid(config_key)`` from the kernel catalog, or None when the catalog does not know it."""
     try:
         from kernelfleet.kernels.catalog import get_spec
         from kernelfleet.kernels.spec import config_key, parse_shape
 
         spec = get_spec(kernel)
-        keys = {config_key(c) for c in spec.space(parse_shape(shape), dtype)} | {"builtin"}
+        keys = {config_key(c) for c in spec.space(parse_shape(shape), dtype)} | {BUILTIN}
     except Exception:  # unknown kernel or shape: no validity information, every measured config may go
         return None
     return keys.__contains__
@@ -108,47 +64,135 @@ def _catalog_shapes(kernel: str) -> list[str]:
         return []
 
 
-def build_entries(chip: str, tables: Observations, runs: dict[Any, int]) -> list[dict[str, Any]]:
-    entries: list[dict[str, Any]] = []
-    mine = tables.get(chip, {})
-    for (kernel, shape, dtype), times in sorted(mine.items()):
-        best = min(times, key=lambda k: (times[k], k))
-        builtin = times.get("builtin")
-        entries.append(
-            {
-                "kernel": kernel,
-                "shape": shape,
-                "dtype": dtype,
-                "config": parse_config_key(best),
-                "config_key": best,
-                "median_us": times[best],
-                "speedup": builtin / times[best] if builtin else None,
-                "predicted": False,
-                "runs": runs.get((chip, kernel, shape, dtype), 0),
-            }
-        )
-    fleet = {key for table in tables.values() for key in table}
+def observations(rows: Sequence[ConfigStat]) -> tuple[Observations, Evidence]:
+    """Per chip, the robust center time of every config per (kernel, shape, dtype), and the rows."""
+    tables: dict[str, ChipTable] = {}
+    evidence: Evidence = {}
+    for r in rows:
+        tables.setdefault(r.chip, {}).setdefault((r.kernel, r.shape, r.dtype), {})[r.config_key] = r.center_us
+        evidence.setdefault((r.chip, r.kernel, r.shape, r.dtype), {})[r.config_key] = r
+    return tables, evidence
+
+
+def _iso(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
+
+
+def choose(stats: dict[str, ConfigStat], backend: str) -> ConfigStat | None:
+    """The measured pick: the best same-run speedup above 1, else the built-in (never a config the
+    evidence says is slower). Without a built-in measurement: the fastest center. CPU: the built-in."""
+    builtin = stats.get(BUILTIN)
+    if backend == "cpu":
+        return builtin
+    faster = [r for k, r in stats.items() if k != BUILTIN and r.speedup is not None and r.speedup > 1.0]
+    if faster:
+        return max(faster, key=lambda r: (r.speedup or 0.0, -r.center_us, r.config_key))
+    if builtin is not None:
+        return builtin
+    return min(stats.values(), key=lambda r: (r.center_us, r.config_key)) if stats else None
+
+
+def measured_entry(kernel: str, shape: str, dtype: str, pick: ConfigStat) -> dict[str, Any]:
+    is_builtin = pick.config_key == BUILTIN
+    interval = [1.0, 1.0] if is_builtin else (
+        [round(pick.speedup_lo, 4), round(pick.speedup_hi, 4)]
+        if pick.speedup_lo is not None and pick.speedup_hi is not None else None)
+    return {
+        "kernel": kernel, "shape": shape, "dtype": dtype,
+        "config": parse_config_key(pick.config_key), "config_key": pick.config_key,
+        "median_us": round(pick.center_us, 4),
+        "speedup": 1.0 if is_builtin else (round(pick.speedup, 4) if pick.speedup is not None else None),
+        "speedup_interval": interval,
+        "predicted": False,
+        "runs": pick.runs, "workers": len(pick.worker_ids), "imported_runs": pick.imported_runs,
+        "first_seen": _iso(pick.first_seen_at), "last_seen": _iso(pick.last_seen_at),
+        "spread": round(pick.spread, 4), "mlx_version": pick.mlx_version, "kernel_hash": pick.kernel_hash,
+    }
+
+
+def predicted_entries(chip: str, tables: Observations, skip: set[tuple[str, str, str]],
+                      table: Sequence[dict[str, Any]] | None, threshold: float) -> list[dict[str, Any]]:
+    """Predictions for the backend's fleet shapes and the catalog shapes of its kernels that ``chip``
+    did not measure; below ``threshold`` confidence or without a speedup above 1: the built-in."""
+    fleet = {key for t in tables.values() for key in t}
     catalog = {(k, shape, d) for k, d in {(k, d) for k, _, d in fleet} for shape in _catalog_shapes(k)}
-    wanted = sorted((fleet | catalog) - set(mine))
-    for kernel, shape, dtype in wanted:
-        guess = predict(chip, kernel, shape, dtype, tables, valid=_validator(kernel, shape, dtype))
-        if guess is None:
+    out: list[dict[str, Any]] = []
+    for kernel, shape, dtype in sorted((fleet | catalog) - skip):
+        pick = predict(chip, kernel, shape, dtype, tables, valid=_validator(kernel, shape, dtype))
+        if pick is None:
             continue
-        entries.append(
-            {
-                "kernel": kernel,
-                "shape": shape,
-                "dtype": dtype,
-                "config": parse_config_key(guess.config_key),
-                "config_key": guess.config_key,
-                "median_us": guess.median_us,
-                "speedup": guess.speedup,
-                "predicted": True,
-                "confidence": round(guess.confidence, 3),
-                "basis": guess.basis,
-            }
-        )
-    return entries
+        conf = calibration.confidence(table, pick)
+        fallback = None
+        if pick.config_key == BUILTIN:
+            fallback = "the built-in is predicted fastest"
+        elif conf < threshold:
+            fallback = f"confidence {conf:.2f} is below {threshold:.2f}"
+        elif pick.speedup is None or pick.speedup <= 1.0:
+            fallback = "not predicted faster than the built-in"
+        entry: dict[str, Any] = {
+            "kernel": kernel, "shape": shape, "dtype": dtype, "predicted": True,
+            "confidence": round(conf, 3), "score": round(pick.score, 3), "cross_chip": pick.cross_chip,
+            "basis": pick.basis,
+        }
+        if fallback is None:
+            entry.update(config=parse_config_key(pick.config_key), config_key=pick.config_key,
+                         median_us=round(pick.median_us, 4), speedup=round(pick.speedup or 0.0, 4))
+        else:
+            entry.update(config=parse_config_key(BUILTIN), config_key=BUILTIN, median_us=None, speedup=1.0,
+                         fallback=fallback, predicted_config_key=pick.config_key)
+        out.append(entry)
+    return out
+
+
+def calibration_table(session: Session, backend: str) -> list[dict[str, Any]] | None:
+    row = session.scalars(
+        select(Calibration).where(Calibration.backend == backend).order_by(Calibration.id.desc()).limit(1)
+    ).first()
+    return list(row.bins) if row is not None else None
+
+
+def chip_backend(session: Session, chip: str) -> str | None:
+    """The backend of ``chip``'s results (the GPU one when several), else guessed from its name."""
+    backends = set(session.scalars(select(ConfigStat.backend).where(ConfigStat.chip == chip).distinct()))
+    if backends:
+        return next((b for b in ("metal", "cuda") if b in backends), sorted(backends)[0])
+    return chips.backend_of(chip)
+
+
+def build_body(session: Session, chip: str, mlx_version: str | None, *, threshold: float,
+               allow_predicted: bool = False) -> dict[str, Any] | None:
+    """The profile body for ``chip`` (all MLX versions, or one), or None when there is nothing to
+    put in it (no measured entry, unless ``allow_predicted``)."""
+    backend = chip_backend(session, chip)
+    if backend is None:
+        return None
+    rows = aggregates.current_rows(session, ConfigStat.backend == backend, mlx_version=mlx_version)
+    tables, evidence = observations(rows)
+    entries: list[dict[str, Any]] = []
+    for (c, kernel, shape, dtype), stats in sorted(evidence.items()):
+        if c != chip:
+            continue
+        pick = choose(stats, backend)
+        if pick is not None:
+            entries.append(measured_entry(kernel, shape, dtype, pick))
+    if not entries and not allow_predicted:
+        return None
+    if backend != "cpu":
+        mine = {(e["kernel"], e["shape"], e["dtype"]) for e in entries}
+        entries += predicted_entries(chip, tables, mine, calibration_table(session, backend), threshold)
+    if not entries:
+        return None
+    predicted = [e for e in entries if e["predicted"]]
+    return {
+        "schema": SCHEMA, "chip": chip, "backend": backend, "mlx_version": mlx_version,
+        "entries": entries,
+        "counts": {"measured": len(entries) - len(predicted),
+                   "predicted": sum(1 for e in predicted if "fallback" not in e),
+                   "fallback": sum(1 for e in predicted if "fallback" in e)},
+        "confidence_threshold": threshold,
+    }
 
 
 def content_etag(chip: str, mlx_version: str | None, entries: list[dict[str, Any]]) -> str:
@@ -167,66 +211,15 @@ def latest(session: Session, chip: str, mlx_version: str | None) -> Profile | No
     ).first()
 
 
-def current_profile(session: Session, chip: str, mlx_version: str | None = None) -> Profile:
-    """The chip's up-to-date profile, rebuilt (and versioned) first when stale. Raises NotFound
-    when nothing is known for the chip (no results and nothing to predict from)."""
-    with immediate(session):
-        if not is_sqlite(session.get_bind().engine):
-            session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": PROFILE_LOCK})
-        source = fingerprint(session, mlx_version)
-        row = latest(session, chip, mlx_version)
-        if row is not None and row.body.get("source") == source:
-            return row
-        tables, runs = observations(session, mlx_version)
-        entries = build_entries(chip, tables, runs)
-        if not entries and row is None:
-            where = f" with MLX {mlx_version}" if mlx_version else ""
-            raise NotFound(
-                f"no profile for chip {chip!r}{where}: no results from it or any similar chip yet; "
-                f"run a tuning campaign for it (kernelfleet admin campaign create ...)"
-            )
-        etag = content_etag(chip, mlx_version, entries)
-        if row is not None and row.etag == etag:
-            row.body = {**row.body, "source": source}
-            return row
-        version = (row.version + 1) if row is not None else 1
-        body = {
-            "schema": SCHEMA,
-            "chip": chip,
-            "mlx_version": mlx_version,
-            "version": version,
-            "etag": etag,
-            "entries": entries,
-            "source": source,
-        }
-        row = Profile(chip=chip, mlx_version=mlx_version, version=version, etag=etag, body=body)
-        session.add(row)
-        session.flush()
-    logger.info("profile for %s (MLX %s) is now version %s", chip, mlx_version or "any", version)
+def store(session: Session, chip: str, mlx_version: str | None, body: dict[str, Any]) -> Profile:
+    """Store ``body`` as the chip's next version, unless its entries equal the latest version's."""
+    row = latest(session, chip, mlx_version)
+    etag = content_etag(chip, mlx_version, body["entries"])
+    if row is not None and row.etag == etag:
+        return row
+    version = (row.version + 1) if row is not None else 1
+    row = Profile(chip=chip, mlx_version=mlx_version, version=version, etag=etag,
+                  body={**body, "version": version, "etag": etag})
+    session.add(row)
+    session.flush()
     return row
-
-
-def is_stale(session: Session, row: Profile) -> bool:
-    return bool(row.body.get("source") != fingerprint(session, row.mlx_version))
-
-
-def rebuild_on_result(factory: sessionmaker[Session], result_id: int) -> None:
-    """Result hook: refresh the chip-wide profile of the result's chip, at most every 30 seconds."""
-    with factory() as session:
-        chip = session.scalar(select(Result.chip).where(Result.id == result_id))
-        if chip is None:
-            return
-        fresh = session.scalar(
-            select(func.count(Profile.id)).where(
-                Profile.chip == chip,
-                Profile.mlx_version.is_(None),
-                Profile.created_at > db_now(-REBUILD_EVERY_SECONDS),
-            )
-        )
-        if fresh:
-            return
-        session.rollback()
-        current_profile(session, chip, None)
-
-
-on_result_stored(rebuild_on_result)

@@ -1,8 +1,10 @@
 """Storing tuning reports: the one function both job completion and admin import use.
 
-:func:`store_report` inserts a ``results`` row and its ``trials`` in the caller's transaction
-(it does not commit), so a completion stores its result in the same transaction as the job's
-transition. Run :func:`kernelfleet.service.hooks.run_result_hooks` after the commit.
+:func:`store_report` inserts a ``results`` row and its ``trials``, folds the trials into the
+incremental ``config_stats`` (O(its trials)) and asks for the chip's profile to be rebuilt (one
+insert into ``profile_requests``; the background builder coalesces them), all in the caller's
+transaction (it does not commit), so a completion stores its result in the same transaction as the
+job's transition. Run :func:`kernelfleet.service.hooks.run_result_hooks` after the commit.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from typing import Any
 from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
-from kernelfleet.service.models import Result, Trial, TrialStatus
+from kernelfleet.service import aggregates
+from kernelfleet.service.models import ProfileRequest, Result, Trial, TrialStatus
 from kernelfleet.service.schemas import TuningReport
 
 
@@ -55,10 +58,11 @@ def store_report(
         best_p90_us=best.p90_us if best else None,
         builtin_median_us=builtin.median_us if builtin else None,
         golden={**report.golden.model_dump(mode="json"), "seed": report.seed},
+        measured_at=report.measured_at,
     )
     session.add(result)
     session.flush()
-    session.execute(insert(Trial), [
+    rows = [
         {
             "result_id": result.id,
             "config_key": t.config_key,
@@ -75,5 +79,9 @@ def store_report(
             "max_rel_err": t.max_rel_err,
         }
         for t in report.trials
-    ])
+    ]
+    session.execute(insert(Trial), rows)
+    aggregates.record(session, result, [{**r, "status": r["status"].value} for r in rows],
+                      report.measured_at)
+    session.add(ProfileRequest(chip=env.chip))
     return result

@@ -11,7 +11,15 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, model_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    model_validator,
+)
 
 MAX_TRIALS = 512
 MAX_SAMPLES = 1000
@@ -104,7 +112,8 @@ class GoldenStats(Strict):
 class Golden(Strict):
     digest: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="sha256 hex of the output")]
     stats: GoldenStats
-    sample: Annotated[list[float], Field(max_length=MAX_GOLDEN_SAMPLE)]
+    # reports made before the strided sample existed have none (benchmarks/results/*_run6_tuning.jsonl)
+    sample: Annotated[list[float], Field(max_length=MAX_GOLDEN_SAMPLE)] = Field(default_factory=list)
     stride: Annotated[int, Field(ge=1)]
     numel: Annotated[int, Field(ge=0)]
 
@@ -119,6 +128,9 @@ class TuningReport(Strict):
     trials: Annotated[list[ReportTrial], Field(min_length=1, max_length=MAX_TRIALS)]
     best_config_key: Annotated[str, Field(min_length=1, max_length=256)] | None
     golden: Golden
+    measured_at: Annotated[AwareDatetime | None, Field(
+        description="when the worker finished measuring (its clock, UTC offset required); "
+                    "reports from before this field import without it, marked undated")] = None
 
     @model_validator(mode="after")
     def _best_is_a_trial(self) -> TuningReport:
@@ -350,5 +362,6 @@ class ImportIn(Strict):
 
 
 class ImportOut(BaseModel):
-    imported: int
-    result_ids: list[int]
+    imported: int  # newly stored
+    duplicates: int = 0  # already stored before (the same report imported again): not stored twice
+    result_ids: list[int]  # one per report, in order: the new row, or the one stored before

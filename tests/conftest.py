@@ -104,6 +104,9 @@ class Coordinator:
             "KERNELFLEET_DATABASE_URL": self.db_url,
             "KERNELFLEET_ADMIN_TOKEN": self.admin_token,
             "PYTHONUNBUFFERED": "1",
+            # background profile building: passes every 0.2 s, calibration whenever the stats changed
+            "KERNELFLEET_PROFILE_BUILD_INTERVAL_SECONDS": "0.2",
+            "KERNELFLEET_CALIBRATION_INTERVAL_SECONDS": "0",
         })
         env.update(self.env_overrides)
         return env
@@ -147,6 +150,23 @@ class Coordinator:
     def admin(self) -> httpx.Client:
         return httpx.Client(base_url=self.url + "/api/v1", timeout=30.0,
                             headers={"Authorization": f"Bearer {self.admin_token}"})
+
+    def profile(self, chip: str, *, min_version: int = 1, timeout: float = 30.0,
+                **params: str) -> dict[str, object]:
+        """The chip's profile once the background builder has made version ``min_version`` or newer."""
+        from urllib.parse import quote
+
+        deadline = time.monotonic() + timeout
+        with self.admin() as c:
+            while True:
+                r = c.get(f"/profiles/{quote(chip, safe='')}", params=params)
+                if r.status_code == 200 and int(r.json()["version"]) >= min_version:
+                    return dict(r.json())
+                assert r.status_code in (200, 202), r.text
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"no profile version {min_version} for {chip!r} after {timeout} s: "
+                                         f"{r.status_code} {r.text[:300]}")
+                time.sleep(0.1)
 
     def client(self, token: str | None = None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}

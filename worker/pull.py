@@ -2,13 +2,18 @@
 KernelFleet's own profile file and as a merge into zmlx's autotune cache.
 
 Nothing is written until the coordinator has answered with a valid profile, so an unreachable
-coordinator or a bad answer leaves every existing file as it was. Both files are replaced
-atomically. ``If-None-Match`` with the installed profile's ETag makes an unchanged profile a 304.
+coordinator, a chip without measured results or a bad answer leaves every existing file as it was.
+A chip with no measured results is refused (the coordinator names the closest chips with data)
+unless ``allow_predicted``; then predicted entries are written, marked as such. zmlx's cache
+receives only measured entries and predicted ones at or above the profile's confidence threshold.
+While the coordinator is still building a chip's first profile (202), pull waits for it. Both files
+are replaced atomically. ``If-None-Match`` with the installed profile's ETag makes an unchanged profile a 304.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -78,22 +83,40 @@ def fetch_profile(
     token: str | None,
     etag: str | None,
     timeout: float = 30.0,
+    *,
+    allow_predicted: bool = False,
+    wait: float = 60.0,
 ) -> dict[str, Any] | None:
-    """The profile body, or None when the coordinator answers 304 (``etag`` is current)."""
+    """The profile body, or None when the coordinator answers 304 (``etag`` is current). Waits up to
+    ``wait`` seconds while the coordinator builds the chip's first profile (202 + Retry-After)."""
     url = coordinator.rstrip("/") + "/api/v1/profiles/" + quote(chip, safe="")
     headers = {"Accept": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
     if etag:
         headers["If-None-Match"] = f'"{etag}"'
-    params = {"mlx_version": mlx_version} if mlx_version else {}
-    try:
-        r = httpx.get(url, params=params, headers=headers, timeout=timeout)
-    except httpx.HTTPError as e:
-        raise PullError(
-            f"cannot reach the coordinator at {coordinator}: {e}; check --coordinator "
-            f"(or KERNELFLEET_COORDINATOR) and that `kernelfleet serve` is running there"
-        ) from e
+    params: dict[str, str] = {"mlx_version": mlx_version} if mlx_version else {}
+    if allow_predicted:
+        params["allow_predicted"] = "true"
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            r = httpx.get(url, params=params, headers=headers, timeout=timeout)
+        except httpx.HTTPError as e:
+            raise PullError(
+                f"cannot reach the coordinator at {coordinator}: {e}; check --coordinator "
+                f"(or KERNELFLEET_COORDINATOR) and that `kernelfleet serve` is running there"
+            ) from e
+        if r.status_code != 202:
+            break
+        if time.monotonic() >= deadline:
+            raise PullError(f"the coordinator is still building the profile for {chip!r} after {wait:.0f} s; "
+                            f"try again shortly")
+        try:
+            pause = float(r.headers.get("retry-after", "2"))
+        except ValueError:
+            pause = 2.0
+        time.sleep(min(max(pause, 0.2), 10.0, max(deadline - time.monotonic(), 0.2)))
     if r.status_code == 304:
         return None
     if r.status_code != 200:
@@ -127,6 +150,7 @@ def pull(
     *,
     token: str | None = None,
     zmlx: bool = True,
+    allow_predicted: bool = False,
     progress: Callable[[Iterable[dict[str, Any]]], Iterable[dict[str, Any]]] = lambda it: it,
 ) -> PullResult:
     target = resolve_target(chip, mlx_version)
@@ -138,6 +162,7 @@ def pull(
         mlx_version,
         token,
         str(installed.get("etag")) if same and installed else None,
+        allow_predicted=allow_predicted,
     )
     unchanged = body is None
     if body is None:
@@ -145,11 +170,14 @@ def pull(
         body = installed
     if body.get("chip") != target.chip:
         raise PullError(f"the coordinator sent the profile of {body.get('chip')!r}, not {target.chip!r}")
+    entries = body.get("entries", [])
+    if not allow_predicted and not any(not e.get("predicted") for e in entries):
+        raise PullError(f"the profile of {target.chip!r} has no measured entries; pass --allow-predicted "
+                        f"to install predicted ones")
     try:
         path = profile_file.profile_path(target.chip) if unchanged else profile_file.write(body)
     except (OSError, profile_file.ProfileFileError) as e:
         raise PullError(f"cannot write the profile file: {e}") from e
-    entries = body.get("entries", [])
     merged: zmlx_cache.MergeResult | None = None
     skipped: str | None = None
     if not zmlx:
@@ -166,8 +194,11 @@ def pull(
             "profile_version": body.get("version"),
             "profile_etag": body.get("etag"),
         }
+        threshold = float(body.get("confidence_threshold") or 0.0)
+        trusted = [e for e in entries if not e.get("predicted")
+                   or ("fallback" not in e and float(e.get("confidence") or 0.0) >= threshold)]
         try:
-            merged = zmlx_cache.merge(body, key, meta, progress=progress)
+            merged = zmlx_cache.merge({**body, "entries": trusted}, key, meta, progress=progress)
         except (OSError, zmlx_cache.ZmlxCacheError) as e:
             raise PullError(
                 f"profile installed at {path}, but the zmlx cache could not be written: {e}"

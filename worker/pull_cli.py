@@ -1,5 +1,6 @@
 """``kernelfleet pull``: install this chip's learned profile (KernelFleet's profile file and zmlx's
-autotune cache). Exit codes: 0 done, 1 could not pull (message on stderr; files untouched)."""
+autotune cache). Exit codes: 0 done, 1 could not pull (message on stderr; files untouched), e.g. a
+chip with no measured results without ``--allow-predicted``."""
 
 from __future__ import annotations
 
@@ -44,6 +45,10 @@ def pull_command(
     zmlx: Annotated[
         bool, typer.Option("--zmlx/--no-zmlx", help="Also merge into zmlx's autotune cache")
     ] = True,
+    allow_predicted: Annotated[
+        bool, typer.Option("--allow-predicted", help="For a chip with no measured results: install "
+                           "predicted entries (marked as such) from the most similar chips")
+    ] = False,
 ) -> None:
     """Fetch this chip's profile from the coordinator; write the profile file and merge zmlx's cache."""
     out = Console(soft_wrap=True)
@@ -58,7 +63,8 @@ def pull_command(
                 bar.advance(task)
 
         try:
-            result = pull(coordinator, chip, mlx_version, token=token, zmlx=zmlx, progress=progress)
+            result = pull(coordinator, chip, mlx_version, token=token, zmlx=zmlx,
+                          allow_predicted=allow_predicted, progress=progress)
         except PullError as e:
             err.print(f"[bold red]error:[/] {e}", highlight=False)
             raise typer.Exit(1) from e

@@ -12,6 +12,7 @@ STATUSES = {"ok", "compile_error", "launch_error", "mismatch"}
 BACKENDS = {"metal", "cuda", "cpu"}
 MAX_TRIALS, MAX_SAMPLES, MAX_GOLDEN_SAMPLE = 512, 1000, 256
 _TOP = {"kernel", "shape", "dtype", "seed", "strategy", "env", "trials", "best_config_key", "golden"}
+_OPTIONAL_TOP = {"measured_at"}  # ISO 8601 UTC, the worker's clock when it finished measuring
 _ENV = {"chip", "backend", "mlx_version", "os", "driver", "kernel_hash", "gpu_cores", "memory_bytes"}
 _TRIAL = {"config_key", "config", "is_builtin", "status", "error", "samples_us", "median_us", "p10_us",
           "p90_us", "n", "max_abs_err", "max_rel_err"}
@@ -30,8 +31,11 @@ def _opt_num(x: Any) -> bool:
 def report_problems(report: dict[str, Any]) -> list[str]:
     """Every way ``report`` departs from the contract (empty list: valid)."""
     p: list[str] = []
-    if set(report) != _TOP:
-        p.append(f"top-level keys {sorted(set(report) ^ _TOP)} differ from the contract")
+    if not _TOP <= set(report) <= _TOP | _OPTIONAL_TOP:
+        p.append(f"top-level keys {sorted((set(report) - _OPTIONAL_TOP) ^ _TOP)} differ from the contract")
+    if "measured_at" in report and not re.fullmatch(r"\d{4}-\d\d-\d\dT[\d:.]+(Z|[+-]\d\d:\d\d)",
+                                                    str(report["measured_at"])):
+        p.append("measured_at must be an ISO 8601 time with its UTC offset")
     for k in ("kernel", "shape", "dtype", "strategy", "best_config_key"):
         if not isinstance(report.get(k), str) or not report.get(k):
             p.append(f"{k} must be a non-empty string")

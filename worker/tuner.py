@@ -12,6 +12,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import mlx.core as mx
@@ -167,6 +168,7 @@ def tune_spec(spec: KernelSpec, shape: str | Shape, dtype: str, *, strategy: str
         "trials": [t.to_report() for t in trials],
         "best_config_key": best_key,
         "golden": gold,
+        "measured_at": datetime.now(UTC).isoformat(),
     }
     if progress is not None:
         progress(total, total)

@@ -12,7 +12,7 @@ count as confirmed; every stored lease token is replaced by its digest. Downgrad
 table and columns; stored digests stay digests (leases held across a downgrade then get 409).
 
 Revision ID: 0003
-Revises: 0001
+Revises: 0002
 Create Date: 2026-11-26 13:05:00
 """
 
@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0003"
-down_revision: str | None = "0001"
+down_revision: str | None = "0002"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

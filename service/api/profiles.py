@@ -1,6 +1,13 @@
 """Profiles: ``GET /profiles`` (the chips with profiles) and ``GET /profiles/{chip}`` (one chip's
-profile in the kernels/profile_file.py format, with an ETag; ``If-None-Match`` -> 304).
-Public-read per settings, like the dashboard."""
+newest complete profile in the kernels/profile_file.py format, with an ETag; ``If-None-Match`` ->
+304). Public-read per settings, like the dashboard.
+
+Reads never build: profiles are built in the background (:mod:`kernelfleet.service.profile_builder`)
+within seconds of new results. A chip with results but no profile yet answers 202 with
+``Retry-After`` (and queues a build). A chip with no measured results answers 404 naming the
+closest chips that have data, unless ``allow_predicted=true``: then a profile of predicted entries
+only (each marked, with its calibrated confidence) is built for it.
+"""
 
 from __future__ import annotations
 
@@ -11,25 +18,37 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
+from kernelfleet.service import aggregates, chips
+from kernelfleet.service.db import immediate
 from kernelfleet.service.deps import DashboardDep, DbDep
-from kernelfleet.service.models import Profile
-from kernelfleet.service.profiles import current_profile, fingerprint
+from kernelfleet.service.errors import NotFound
+from kernelfleet.service.models import ConfigStat, Profile, ProfileRequest
+from kernelfleet.service.profiles import latest
 from kernelfleet.service.schemas import UtcTime
 
 router = APIRouter(tags=["profiles"])
+RETRY_AFTER_SECONDS = 2
 
 
 class ProfileSummary(BaseModel):
     chip: str
+    backend: str | None
     mlx_version: str | None
     version: int
     etag: str
     created_at: UtcTime
     entries: int
-    predicted: int
-    stale: bool
+    measured: int
+    predicted: int  # predicted entries that use a predicted config
+    fallback: int  # predicted entries that fell back to the built-in (low confidence or no gain)
+    stale: bool  # results arrived that the next build (seconds away) will include
     pull_command: str
+
+
+class ProfilePending(BaseModel):
+    detail: str
 
 
 def _etag_matches(header: str | None, etag: str) -> bool:
@@ -39,39 +58,67 @@ def _etag_matches(header: str | None, etag: str) -> bool:
     return "*" in tags or etag in tags
 
 
+def counts(body: dict[str, Any]) -> dict[str, int]:
+    entries = body.get("entries", [])
+    predicted = [e for e in entries if e.get("predicted")]
+    return {"measured": len(entries) - len(predicted),
+            "predicted": sum(1 for e in predicted if "fallback" not in e),
+            "fallback": sum(1 for e in predicted if "fallback" in e)}
+
+
 @router.get("/profiles")
 def list_profiles(_: DashboardDep, db: DbDep) -> list[ProfileSummary]:
-    """The newest version of every stored profile; ``stale`` when results arrived since it was built
-    (the next ``GET /profiles/{chip}`` rebuilds it)."""
+    """The newest version of every stored profile, with its measured/predicted counts; ``stale``
+    when results arrived since it was built (the background builder is about to rebuild it)."""
     with db() as session:
         newest = select(func.max(Profile.id)).group_by(Profile.chip, Profile.mlx_version)
         rows = session.scalars(select(Profile).where(Profile.id.in_(newest)).order_by(Profile.chip)).all()
-        sources: dict[str | None, dict[str, int]] = {}
+        pending = set(session.scalars(select(ProfileRequest.chip).distinct()))
         out = []
         for row in rows:
-            if row.mlx_version not in sources:
-                sources[row.mlx_version] = fingerprint(session, row.mlx_version)
-            entries = row.body.get("entries", [])
             command = f'kernelfleet pull --chip "{row.chip}"' + (
                 f" --mlx-version {row.mlx_version}" if row.mlx_version else ""
             )
-            out.append(
-                ProfileSummary(
-                    chip=row.chip,
-                    mlx_version=row.mlx_version,
-                    version=row.version,
-                    etag=row.etag,
-                    created_at=row.created_at,
-                    entries=len(entries),
-                    predicted=sum(1 for e in entries if e.get("predicted")),
-                    stale=row.body.get("source") != sources[row.mlx_version],
-                    pull_command=command,
-                )
-            )
+            n = counts(row.body)
+            if n["measured"] == 0:
+                command += " --allow-predicted"
+            out.append(ProfileSummary(
+                chip=row.chip, backend=row.body.get("backend"), mlx_version=row.mlx_version,
+                version=row.version, etag=row.etag, created_at=row.created_at,
+                entries=len(row.body.get("entries", [])), **n, stale=row.chip in pending,
+                pull_command=command,
+            ))
         return out
 
 
-@router.get("/profiles/{chip}", response_model=None)
+def _no_data(session: Session, chip: str, mlx_version: str | None) -> NotFound:
+    have = aggregates.chips_with_data(session)
+    backend = chips.backend_of(chip)
+    same = [c for c, b in have.items() if b == backend and c != chip] if backend else []
+    near = chips.closest(chip, same)
+    where = f" with MLX {mlx_version}" if mlx_version else ""
+    hint = (f"; the closest chips with data: {', '.join(repr(c) for c in near)}. Predicted entries from them "
+            f"are available with allow_predicted=true (`kernelfleet pull --allow-predicted`)") if near else (
+        "; no chip of the same backend has data either")
+    return NotFound(f"no measured results for chip {chip!r}{where}: run a tuning campaign for it "
+                    f"(kernelfleet admin campaign create --chip ...){hint}")
+
+
+def _queue(session: Session, chip: str, allow_predicted: bool) -> JSONResponse:
+    session.rollback()
+    with immediate(session):
+        waiting = session.scalar(select(func.count()).where(
+            ProfileRequest.chip == chip, ProfileRequest.allow_predicted == allow_predicted))
+        if not waiting:
+            session.add(ProfileRequest(chip=chip, allow_predicted=allow_predicted))
+    return JSONResponse(
+        {"detail": f"the profile of {chip!r} is being built; retry in a few seconds"},
+        status_code=202, headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+    )
+
+
+@router.get("/profiles/{chip}", response_model=None,
+            responses={202: {"model": ProfilePending, "description": "being built: retry after Retry-After"}})
 def get_profile(
     chip: str,
     request: Request,
@@ -80,16 +127,34 @@ def get_profile(
     mlx_version: Annotated[
         str | None, Query(max_length=64, description="only results from this MLX version")
     ] = None,
+    allow_predicted: Annotated[bool, Query(
+        description="for a chip with no measured results: a profile of predicted entries only")] = False,
 ) -> Response:
-    """The chip's profile (rebuilt first when results arrived since), with ``ETag``; 304 when the
-    client's ``If-None-Match`` names the current version."""
+    """The chip's newest complete profile, with ``ETag``; 304 when the client's ``If-None-Match``
+    names it; 202 while its first version is being built; 404 when the chip has no measured results
+    (unless ``allow_predicted``)."""
     with db() as session:
-        row = current_profile(session, chip, mlx_version or None)
+        mlx_version = mlx_version or None
+        row = latest(session, chip, mlx_version)
+        measured = row is not None and counts(row.body)["measured"] > 0
+        if row is None or (not measured and not allow_predicted):
+            query = select(func.count()).where(ConfigStat.chip == chip)
+            if mlx_version is not None:
+                query = query.where(ConfigStat.mlx_version == mlx_version)
+            if session.scalar(query):
+                return _queue(session, chip, False)
+            if not allow_predicted:
+                raise _no_data(session, chip, mlx_version)
+            if row is None:
+                if chips.backend_of(chip) is None:
+                    raise NotFound(f"chip {chip!r} is not in the chip table and has no results: nothing to "
+                                   f"predict it from")
+                return _queue(session, chip, True)
+        assert row is not None
         headers = {"ETag": f'"{row.etag}"', "Cache-Control": "no-cache"}
         if _etag_matches(request.headers.get("if-none-match"), row.etag):
             return Response(status_code=304, headers=headers)
         body: dict[str, Any] = dict(row.body)
-        body.pop("source", None)
         body["created_at"] = _iso(row.created_at)
         return JSONResponse(body, headers=headers)
 

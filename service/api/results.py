@@ -1,12 +1,17 @@
-"""Results: ``POST /results/import`` (admin) stores reports made outside a lease (``kernelfleet tune``)."""
+"""Results: ``POST /results/import`` (admin) stores reports made outside a lease (``kernelfleet tune``).
+
+Import is idempotent: a report is keyed on the digest of its canonical JSON, and one already
+imported (or repeated within the request) is not stored again; its earlier result id is returned."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, status
+from sqlalchemy import select
 
 from kernelfleet.service.db import immediate
 from kernelfleet.service.deps import AdminDep, DbDep
 from kernelfleet.service.hooks import run_result_hooks
+from kernelfleet.service.models import Result
 from kernelfleet.service.reports import store_report
 from kernelfleet.service.schemas import ImportIn, ImportOut
 
@@ -15,12 +20,23 @@ router = APIRouter(tags=["results"])
 
 @router.post("/results/import", status_code=status.HTTP_201_CREATED)
 def import_results(body: ImportIn, _: AdminDep, db: DbDep) -> ImportOut:
-    """Store every report in one transaction: all of them or none."""
+    """Store every new report in one transaction: all of them or none. Reports stored before are
+    skipped (``duplicates``); ``result_ids`` gives each report's result, new or earlier."""
+    digests = [report.digest() for report in body.reports]
     with db() as session, immediate(session):
-        rows = [store_report(session, report, source="import") for report in body.reports]
-        ids = [r.id for r in rows]
-        for r in rows:
-            r.response = {"result_id": r.id, "imported": True}
-    for result_id in ids:
+        known: dict[str, int] = dict(session.execute(
+            select(Result.payload_digest, Result.id)
+            .where(Result.source == "import", Result.payload_digest.in_(set(digests)))
+        ).tuples().all())
+        new: list[int] = []
+        ids: list[int] = []
+        for report, digest in zip(body.reports, digests, strict=True):
+            if digest not in known:
+                row = store_report(session, report, source="import")
+                row.response = {"result_id": row.id, "imported": True}
+                known[digest] = row.id
+                new.append(row.id)
+            ids.append(known[digest])
+    for result_id in new:
         run_result_hooks(db, result_id)
-    return ImportOut(imported=len(ids), result_ids=ids)
+    return ImportOut(imported=len(new), duplicates=len(ids) - len(new), result_ids=ids)

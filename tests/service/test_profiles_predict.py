@@ -41,8 +41,13 @@ def test_similar_chips_count_by_how_well_their_choices_do() -> None:
     obs["Other"][(K, "8192x4096", "float16")] = {"a": 11.0, "b": 9.0}
     p = predict("A", K, "8192x4096", "float16", obs)
     assert p is not None and p.config_key == "a"
-    # with no shared measurements, names give a small prior
-    assert 0 < chip_similarity("Apple M3 Max", "Apple M3 Pro", {}) < chip_similarity("A", "A", {}) == 1.0
+    # with no shared measurements, the chip table's similarity (generation, cores, bandwidth), capped
+    # below the chip's own weight; chips the table cannot compare (unknown, another backend) give nothing
+    pro = chip_similarity("Apple M3 Max", "Apple M3 Pro", {})
+    m1 = chip_similarity("Apple M3 Max", "Apple M1", {})
+    assert 0 < m1 < pro < chip_similarity("A", "A", {}) == 1.0
+    assert chip_similarity("Apple M3 Max", "NVIDIA H100 80GB HBM3", {}) == 0.0
+    assert chip_similarity("Apple M3 Max", "AMD EPYC 7763", {}) == 0.0
     assert shape_distance("1x4096", "1x4096") == 0.0 and shape_distance("1x2", "1x2x3") is None
     # the total size, plus the dimensions after the first: twice the rows is one size step; the same
     # size with another row length is one row-length step; both at once count both
@@ -63,3 +68,29 @@ def test_the_config_most_often_near_the_best_wins() -> None:
     }}
     p = predict("A", K, "2048x4096", "float16", obs)
     assert p is not None and p.config_key == "a"
+
+
+def test_predictions_never_cross_backends_through_the_chip_table() -> None:
+    """A Metal chip with no data of its own gets nothing from CUDA or CPU observations, even where a
+    CUDA chip measured exactly the shape asked for."""
+    obs = {
+        "NVIDIA H100 80GB HBM3": {(K, "4096x4096", "float16"): {"a": 10.0, "builtin": 20.0}},
+        "AMD EPYC 7763": {(K, "4096x4096", "float16"): {"builtin": 900.0}},
+    }
+    assert predict("Apple M3 Max", K, "4096x4096", "float16", obs) is None
+    obs["Apple M3 Pro"] = {(K, "4096x4096", "float16"): {"b": 30.0, "builtin": 40.0}}
+    p = predict("Apple M3 Max", K, "4096x4096", "float16", obs)
+    assert p is not None and p.config_key == "b" and p.cross_chip
+    assert {b["chip"] for b in p.basis} == {"Apple M3 Pro"}
+
+
+def test_score_rises_with_agreement_and_nearby_evidence() -> None:
+    near = {"A": {(K, f"{n}x4096", "float16"): {"a": n * 1.0, "b": n * 1.2} for n in (1024, 4096)}}
+    split = {"A": {(K, "1024x4096", "float16"): {"a": 1024.0, "b": 1300.0},
+                   (K, "4096x4096", "float16"): {"a": 5000.0, "b": 4096.0}}}
+    far = {"A": {(K, "64x4096", "float16"): {"a": 64.0, "b": 80.0}}}
+    agreed, disputed, distant = (predict("A", K, "2048x4096", "float16", o) for o in (near, split, far))
+    assert agreed is not None and disputed is not None and distant is not None
+    assert agreed.score == pytest.approx(agreed.nearest / (agreed.nearest + 0.002))
+    assert agreed.near_share == 1.0 and disputed.near_share == pytest.approx(0.5)
+    assert agreed.score > disputed.score and agreed.score > distant.score

@@ -1,0 +1,188 @@
+"""Incremental per-config statistics (``config_stats``), updated in the transaction that stores a result.
+
+One row per (chip, backend, MLX version, kernel source, kernel, shape, dtype, config). Storing a
+result touches only the rows of its own correct trials: O(that result's trials), whatever the history.
+Each row keeps
+
+- runs, imported runs, the distinct enrolled workers (bounded), first and last measurement time;
+- a bounded window of the newest run medians, with their median (the robust center) and
+  ``1.4826 * MAD / median`` (the relative spread);
+- the speedup against the built-in measured *in the same runs* (a bounded window of per-run
+  (low, mid, high) ratios), its median and a ~95 % interval: the order-statistic interval of the
+  median from 6 runs on, and below that the widest of the runs' own p10/p90 bounds.
+
+Profiles (:mod:`kernelfleet.service.profiles`) are built from these rows, never from raw trials.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from scipy.stats import binom
+from sqlalchemy import and_, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from kernelfleet.service.db import is_sqlite
+from kernelfleet.service.models import ConfigStat, Result
+
+WINDOW = 32  # run medians (and same-run speedups) kept per row
+MAX_WORKERS = 64  # distinct worker ids kept per row (the count saturates there)
+SERIES_COLUMNS = ("chip", "backend", "mlx_version", "kernel", "shape", "dtype", "kernel_hash")
+
+
+def robust_center(values: Sequence[float]) -> tuple[float, float]:
+    """(median, relative spread = 1.4826 * MAD / median) of ``values`` (non-empty)."""
+    center = float(statistics.median(values))
+    mad = float(statistics.median([abs(v - center) for v in values]))
+    return center, (1.4826 * mad / center if center > 0 else 0.0)
+
+
+def speedup_interval(runs: Sequence[Sequence[float]]) -> tuple[float, float, float]:
+    """(median, low, high) of same-run speedups given as (low, mid, high) per run."""
+    mids = sorted(r[1] for r in runs)
+    n = len(mids)
+    mid = float(statistics.median(mids))
+    # order-statistic interval of a median: the k-th smallest and largest with P(Binom(n, .5) < k) <= .025
+    k = int(binom.ppf(0.025, n, 0.5))
+    if n >= 6 and k >= 1:
+        return mid, mids[k - 1], mids[n - k]
+    return mid, min(r[0] for r in runs), max(r[2] for r in runs)
+
+
+def _ratio_bounds(builtin: dict[str, Any], trial: dict[str, Any]) -> list[float]:
+    """(low, mid, high) of built-in time / this config's time within one run, from both p10/p90."""
+    b_mid, t_mid = float(builtin["median_us"]), float(trial["median_us"])
+    b_lo, b_hi = float(builtin.get("p10_us") or b_mid), float(builtin.get("p90_us") or b_mid)
+    t_lo, t_hi = float(trial.get("p10_us") or t_mid), float(trial.get("p90_us") or t_mid)
+    return [b_lo / t_hi if t_hi > 0 else 0.0, b_mid / t_mid, b_hi / t_lo if t_lo > 0 else math.inf]
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; every stored time is UTC."""
+    return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
+
+
+def _insert(session: Session) -> Any:
+    return sqlite_insert if is_sqlite(session.get_bind().engine) else pg_insert
+
+
+def record(session: Session, result: Result, trials: Sequence[dict[str, Any]],
+           measured_at: datetime | None) -> int:
+    """Fold one stored result's correct trials into ``config_stats``; returns the rows touched.
+
+    Runs inside the caller's transaction. New rows are inserted with ``ON CONFLICT DO NOTHING`` and
+    then every row of the result is read ``FOR UPDATE`` in key order, so two results of the same
+    series arriving at once (PostgreSQL) update one after the other and never lose a run.
+    """
+    ok = [t for t in trials if t["status"] == "ok" and t.get("median_us") and t["median_us"] > 0]
+    if not ok:
+        return 0
+    series = {c: getattr(result, c) for c in SERIES_COLUMNS}
+    keys = sorted(t["config_key"] for t in ok)
+    when = _utc(measured_at or result.created_at)
+    blank = {"runs": 0, "imported_runs": 0, "worker_ids": [], "medians_us": [], "speedups": [],
+             "center_us": 0.0, "spread": 0.0, "last_result_id": result.id}
+    insert = _insert(session)
+    session.execute(
+        insert(ConfigStat).on_conflict_do_nothing(index_elements=[*SERIES_COLUMNS, "config_key"]),
+        [{**series, **blank, "config_key": t["config_key"], "config": t["config"],
+          "is_builtin": bool(t.get("is_builtin"))} for t in sorted(ok, key=lambda t: t["config_key"])],
+    )
+    rows = session.scalars(
+        select(ConfigStat)
+        .where(and_(*(getattr(ConfigStat, c) == v for c, v in series.items())),
+               ConfigStat.config_key.in_(keys))
+        .order_by(ConfigStat.config_key)
+        .with_for_update()
+    ).all()
+    by_key = {t["config_key"]: t for t in ok}
+    builtin = next((t for t in ok if t.get("is_builtin")), None)
+    for row in rows:
+        trial = by_key[row.config_key]
+        row.runs += 1
+        if result.worker_id is None:
+            row.imported_runs += 1
+        elif result.worker_id not in row.worker_ids and len(row.worker_ids) < MAX_WORKERS:
+            row.worker_ids = [*row.worker_ids, result.worker_id]
+        if when is not None:
+            first, last = _utc(row.first_seen_at), _utc(row.last_seen_at)
+            row.first_seen_at = min(first, when) if first else when
+            row.last_seen_at = max(last, when) if last else when
+        row.last_result_id = max(row.last_result_id, result.id)
+        row.medians_us = [*row.medians_us, float(trial["median_us"])][-WINDOW:]
+        row.center_us, row.spread = robust_center(row.medians_us)
+        if builtin is not None:
+            row.speedups = [*row.speedups, _ratio_bounds(builtin, trial)][-WINDOW:]
+            row.speedup, row.speedup_lo, row.speedup_hi = speedup_interval(row.speedups)
+    return len(rows)
+
+
+def series_filter(chips: Sequence[str] | None = None, backend: str | None = None) -> list[Any]:
+    """WHERE clauses for loading stats of some chips and/or one backend."""
+    where: list[Any] = []
+    if chips is not None:
+        where.append(ConfigStat.chip.in_(list(chips)))
+    if backend is not None:
+        where.append(ConfigStat.backend == backend)
+    return where
+
+
+def current_rows(session: Session, *where: Any, mlx_version: str | None = None) -> list[ConfigStat]:
+    """The stats rows of each (chip, backend, kernel, shape, dtype) series' current measurements: its
+    newest kernel source and, unless ``mlx_version`` is given, its newest MLX version (by the
+    newest result that touched them). Cost: O(stats rows selected), independent of stored results."""
+    query = select(ConfigStat).where(*where)
+    if mlx_version is not None:
+        query = query.where(ConfigStat.mlx_version == mlx_version)
+    rows = session.scalars(query).all()
+    newest: dict[tuple[str, ...], tuple[int, str, str]] = {}
+    for r in rows:
+        key = (r.chip, r.backend, r.kernel, r.shape, r.dtype)
+        mark = (r.last_result_id, r.mlx_version, r.kernel_hash)
+        if key not in newest or mark > newest[key]:
+            newest[key] = mark
+    return [r for r in rows
+            if newest[(r.chip, r.backend, r.kernel, r.shape, r.dtype)][1:] == (r.mlx_version, r.kernel_hash)]
+
+
+def chips_with_data(session: Session) -> dict[str, str]:
+    """chip -> its backend (the GPU one when a chip reported from several), for chips with stats."""
+    out: dict[str, str] = {}
+    for chip, backend in session.execute(select(ConfigStat.chip, ConfigStat.backend).distinct()).all():
+        if chip not in out or out[chip] == "cpu":
+            out[chip] = backend
+    return out
+
+
+def rebuild_all(session: Session) -> int:
+    """Refill ``config_stats`` from every stored result (the data migration; also a repair tool).
+    Streams results in id order, so windows hold the newest runs as they would incrementally."""
+    from kernelfleet.service.models import Trial
+
+    session.execute(ConfigStat.__table__.delete())
+    count, after = 0, 0
+    while True:
+        page = session.scalars(
+            select(Result).where(Result.id > after, Result.source.in_(("lease", "import")))
+            .order_by(Result.id).limit(500)
+        ).all()
+        if not page:
+            return count
+        for result in page:
+            trials = [
+                {"config_key": t.config_key, "config": t.config, "is_builtin": t.is_builtin,
+                 "status": t.status.value, "median_us": t.median_us, "p10_us": t.p10_us, "p90_us": t.p90_us}
+                for t in session.scalars(select(Trial).where(Trial.result_id == result.id))
+            ]
+            record(session, result, trials, result.measured_at)
+            count += 1
+        after = page[-1].id
+        session.expunge_all()
+
+

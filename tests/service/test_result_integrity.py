@@ -1,0 +1,101 @@
+"""Integrity of stored results: a worker reports only for the chip it enrolled as, import is
+idempotent and keeps the worker's ``measured_at``, and the repository's own committed reports import.
+Each runs on SQLite and, when configured, PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from conftest import Coordinator, kernelfleet_cmd
+from coordinator_helpers import create_campaign, enroll, lease, make_report
+from sqlalchemy import func, select
+
+from kernelfleet.service.db import make_engine
+from kernelfleet.service.models import ConfigStat, Result
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+
+
+def _scalar(coordinator: Coordinator, query: Any) -> Any:
+    engine = make_engine(coordinator.db_url)
+    try:
+        with engine.connect() as conn:
+            return conn.scalar(query)
+    finally:
+        engine.dispose()
+
+
+def test_a_report_for_another_chip_is_refused_and_not_stored(coordinator: Coordinator) -> None:
+    create_campaign(coordinator)
+    _, token = enroll(coordinator, chip="AMD EPYC 7763 64-Core Processor", backend="cpu")
+    with coordinator.client(token) as c:
+        got = lease(c)
+        assert got is not None
+        url = f"/jobs/{got['job_id']}/result"
+        spoofed = make_report(chip="Apple M3 Max", backend="metal")
+        r = c.post(url, json={"lease_token": got["lease_token"], "report": spoofed})
+        assert r.status_code == 422, r.text
+        assert "enrolled as 'AMD EPYC 7763 64-Core Processor' (cpu)" in r.json()["detail"]
+        # the backend alone differing is refused too
+        cpu_chip_wrong_backend = make_report(chip="AMD EPYC 7763 64-Core Processor", backend="cuda")
+        r = c.post(url, json={"lease_token": got["lease_token"], "report": cpu_chip_wrong_backend})
+        assert r.status_code == 422, r.text
+        # the lease is intact: the honest report is accepted
+        honest = make_report(chip="AMD EPYC 7763 64-Core Processor", backend="cpu")
+        r = c.post(url, json={"lease_token": got["lease_token"], "report": honest})
+        assert r.status_code == 201, r.text
+    assert _scalar(coordinator, select(func.count()).select_from(Result)) == 1
+    assert _scalar(coordinator, select(func.count()).where(Result.chip == "Apple M3 Max")) == 0
+    assert _scalar(coordinator, select(func.count()).where(ConfigStat.chip == "Apple M3 Max")) == 0
+
+
+def test_import_is_idempotent_and_keeps_measured_at(coordinator: Coordinator) -> None:
+    dated = {**make_report(shape="1024x4096"), "measured_at": "2026-03-01T10:20:30+00:00"}
+    undated = make_report(shape="2048x4096")
+    with coordinator.admin() as admin:
+        first = admin.post("/results/import", json={"reports": [dated, undated]})
+        assert first.status_code == 201, first.text
+        assert first.json()["imported"] == 2 and first.json()["duplicates"] == 0
+        # the same reports again, and one of them twice within one request: nothing new is stored
+        again = admin.post("/results/import", json={"reports": [undated, dated, dated]})
+        assert again.status_code == 201, again.text
+        ids = first.json()["result_ids"]
+        assert again.json() == {"imported": 0, "duplicates": 3, "result_ids": [ids[1], ids[0], ids[0]]}
+    assert _scalar(coordinator, select(func.count()).select_from(Result)) == 2
+    # the stats count each run once
+    assert _scalar(coordinator, select(func.max(ConfigStat.runs))) == 1
+    measured = _scalar(coordinator, select(Result.measured_at).where(Result.id == ids[0]))
+    measured = measured if measured.tzinfo else measured.replace(tzinfo=UTC)
+    assert measured == datetime(2026, 3, 1, 10, 20, 30, tzinfo=UTC)
+    # an older report without measured_at imports, marked undated (NULL), dated only by its import
+    assert _scalar(coordinator, select(Result.measured_at).where(Result.id == ids[1])) is None
+    # and the stats' last-seen time is the worker's clock, not the import's
+    seen = _scalar(coordinator, select(func.min(ConfigStat.first_seen_at)))
+    seen = seen if seen.tzinfo else seen.replace(tzinfo=UTC)
+    assert seen == datetime(2026, 3, 1, 10, 20, 30, tzinfo=UTC)
+
+
+def test_the_committed_reports_import(coordinator: Coordinator, tmp_path: Path) -> None:
+    """Every committed ``benchmarks/results/*_tuning.jsonl`` imports through the CLI (older ones have no
+    golden sample and no measured_at), and importing (two of) them again stores nothing twice."""
+    files = sorted(RESULTS.glob("*_tuning.jsonl"))
+    assert len(files) >= 5
+    lines = sum(len([x for x in f.read_text().splitlines() if x.strip()]) for f in files)
+    env = {"KERNELFLEET_ADMIN_TOKEN": coordinator.admin_token}
+
+    for rerun in (False, True):
+        for f in files if not rerun else [f for f in files if f.name.startswith(("h200", "h100_fleet"))]:
+            done = subprocess.run(kernelfleet_cmd("import", str(f), "--coordinator", coordinator.url),
+                                  capture_output=True, text=True, env={**os.environ, **env}, timeout=300)
+            assert done.returncode == 0, done.stderr
+            if rerun:
+                assert "imported 0 reports" in done.stdout and "already imported before" in done.stdout
+    distinct = len({json.dumps(json.loads(x), sort_keys=True) for f in files
+                    for x in f.read_text().splitlines() if x.strip()})
+    assert distinct <= lines
+    assert _scalar(coordinator, select(func.count()).select_from(Result)) == distinct
