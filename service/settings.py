@@ -48,8 +48,8 @@ class Settings(BaseSettings):
     worker_offline_after_seconds: float = 300.0
     # database connections per process, and the threads that run sync routes (default: one per
     # connection, so a thread never waits for a connection)
-    db_pool_size: int = 10
-    db_max_overflow: int = 20
+    db_pool_size: int = 20
+    db_max_overflow: int = 5
     db_pool_timeout_seconds: float = 30.0
     threadpool_size: int | None = None
     # request limits

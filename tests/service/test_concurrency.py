@@ -20,7 +20,7 @@ from conftest import Coordinator
 from coordinator_helpers import create_campaign, enroll, make_report, shapes
 
 READERS = 200
-READS_EACH = 3
+READS_EACH = 2
 WORKERS = 30
 JOBS_EACH = 2
 SLOWEST_ALLOWED = 2.0
