@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from types import FrameType
 from typing import Annotated
 
@@ -56,6 +57,9 @@ def serve(
     local_worker: Annotated[bool, typer.Option("--local-worker", help="Also run one worker agent on this "
                                                "machine, enrolled automatically")] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
+    workers: Annotated[int, typer.Option(
+        "--workers", min=1, help="Server processes on this port (uvicorn workers). Periodic work runs in one "
+                                 "process at a time: see docs/production.md")] = 1,
 ) -> None:
     """Run the coordinator (API under /api/v1, docs under /docs, health at /healthz)."""
     from kernelfleet.service.app import create_app
@@ -63,6 +67,9 @@ def serve(
     from kernelfleet.service.migrate import SchemaNotCurrent
 
     settings = _settings(host=host, port=port, database_url=database_url)
+    if workers > 1 and local_worker:
+        err.print("[bold red]error:[/] --local-worker runs in the server process: use it with --workers 1")
+        raise typer.Exit(2)
     try:
         app = create_app(settings)
     except SchemaNotCurrent as e:
@@ -80,6 +87,10 @@ def serve(
                   f"shown only this once):\n  {token}", highlight=False, soft_wrap=True)
     elif token is None:
         err.print("[yellow]warning:[/] no KERNELFLEET_ADMIN_TOKEN is set: admin routes refuse every request")
+    if workers > 1:
+        app.state.engine.dispose()  # built only to check the database; each process builds its own
+        _serve_processes(settings, workers, log_level)
+        return
     url_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                             proxy_headers=True, timeout_graceful_shutdown=10)
@@ -97,6 +108,16 @@ def serve(
             worker.stop()
     if not server.started:
         raise typer.Exit(1)
+
+
+def _serve_processes(settings: Settings, workers: int, log_level: str) -> None:
+    """``workers`` uvicorn processes on one socket; each builds its app from the environment
+    (:func:`kernelfleet.service.app.app_from_env`), so this process passes its settings on there."""
+    os.environ["KERNELFLEET_DATABASE_URL"] = settings.database_url
+    if settings.admin_token:
+        os.environ["KERNELFLEET_ADMIN_TOKEN"] = settings.admin_token
+    uvicorn.run("kernelfleet.service.app:app_from_env", factory=True, workers=workers, host=settings.host,
+                port=settings.port, log_level=log_level, proxy_headers=True, timeout_graceful_shutdown=10)
 
 
 @db_app.command("upgrade")
