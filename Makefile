@@ -9,7 +9,7 @@ PORT   ?= 8600
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run test lint typecheck pytest bench-kernels bench-search bench-gpu bench-launch-floor bench-predict bench-dashboard bench-detector clean
+.PHONY: help venv run test lint typecheck pytest bench-kernels bench-search bench-gpu bench-launch-floor bench-predict bench-dashboard bench-load bench-detector clean
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -55,6 +55,10 @@ bench-predict: $(STAMP) ## Held-out config predictions on the committed GPU repo
 
 bench-dashboard: $(STAMP) ## Dashboard page server times over 1,000,000 stored trials
 	$(BIN)/python benchmarks/dashboard.py
+
+LOAD_ARGS ?= --workers 1000 --duration 120 --think 30 60
+bench-load: $(STAMP) ## Coordinator under N simulated workers (API only) + database audit; LOAD_ARGS, KERNELFLEET_TEST_POSTGRES_URL
+	$(BIN)/python benchmarks/coordinator_load.py $(if $(KERNELFLEET_TEST_POSTGRES_URL),--postgres $(KERNELFLEET_TEST_POSTGRES_URL)) $(LOAD_ARGS)
 
 BENCH_VENV := .venv-bench
 $(BENCH_VENV)/.installed-stamp: pyproject.toml

@@ -24,6 +24,7 @@ from datetime import datetime
 
 from sqlalchemy import ColumnElement, and_, select, update
 from sqlalchemy.orm import Session, aliased
+from sqlalchemy.sql.dml import ReturningUpdate
 
 from kernelfleet.service.auth import LEASE_PREFIX, digest, new_token
 from kernelfleet.service.db import db_now
@@ -78,6 +79,19 @@ def _pick(targets: list[int]) -> ColumnElement[int]:
     )
 
 
+def lease_statement(targets: list[int], worker_id: int, token_digest: str,
+                    confirm_seconds: float) -> ReturningUpdate[tuple[int, str, str, str, JobKind, datetime]]:
+    """The one statement that leases: the oldest available job among ``targets``, to ``worker_id``."""
+    return (
+        update(Job)
+        .where(Job.id == _pick(targets), Job.state == JobState.queued)
+        .values(state=JobState.leased, lease_token=token_digest, leased_by=worker_id, lease_confirmed=False,
+                attempts=Job.attempts + 1, lease_expires_at=db_now(confirm_seconds), updated_at=db_now())
+        .returning(Job.id, Job.kernel, Job.shape, Job.dtype, Job.kind, Job.lease_expires_at)
+        .execution_options(synchronize_session=False)
+    )
+
+
 def lease_next(session: Session, worker: Worker, confirm_seconds: float) -> Lease | None:
     """Lease the next queued job this worker can run, or None when there is none.
 
@@ -87,14 +101,7 @@ def lease_next(session: Session, worker: Worker, confirm_seconds: float) -> Leas
     if not targets:
         return None
     token = new_token(LEASE_PREFIX)
-    row = session.execute(
-        update(Job)
-        .where(Job.id == _pick(targets), Job.state == JobState.queued)
-        .values(state=JobState.leased, lease_token=digest(token), leased_by=worker.id, lease_confirmed=False,
-                attempts=Job.attempts + 1, lease_expires_at=db_now(confirm_seconds), updated_at=db_now())
-        .returning(Job.id, Job.kernel, Job.shape, Job.dtype, Job.kind, Job.lease_expires_at)
-        .execution_options(synchronize_session=False)
-    ).first()
+    row = session.execute(lease_statement(targets, worker.id, digest(token), confirm_seconds)).first()
     if row is None:
         return None
     return Lease(job_id=row.id, lease_token=token, kernel=row.kernel, shape=row.shape, dtype=row.dtype,
