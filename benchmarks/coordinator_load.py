@@ -6,11 +6,11 @@ Each simulated worker enrolls (an admin-minted enrollment token), then loops: le
 benchmarks/results/h100_session_tuning.jsonl, with kernel, shape and dtype set to the job's). On a
 204 it waits the coordinator's ``Retry-After`` (jittered). At the end it releases what it holds.
 
-The coordinator runs as ``--replicas`` processes groups (``kernelfleet serve --workers W`` each, on
-one fresh database); simulated workers are spread over the replicas round-robin, or sent through
-``--via URL`` (e.g. nginx with deploy/nginx.conf). The client is asyncio + aiohttp with one bounded
-connection pool (``--connections``): on the 2-core host httpx's AsyncClient cost 3.5-8 ms of client
-CPU per request, aiohttp about 1 ms.
+The coordinator runs as ``--replicas`` process groups (``kernelfleet serve --workers W`` each, on
+one fresh database); simulated workers are spread over the replicas round-robin, or all sent
+through nginx running the committed deploy/nginx.conf (``--nginx``). The client is asyncio +
+aiohttp with one bounded connection pool (``--connections``): on the 2-core host httpx's
+AsyncClient cost 3.5-8 ms of client CPU per request, aiohttp about 1 ms.
 
 Printed: per-endpoint p50/p99/max and counts, jobs/s, errors, lost leases (a heartbeat or result
 answered 409: a live worker's lease expired), the load generator's CPU and event-loop lag, and the
@@ -29,6 +29,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import resource
 import secrets
 import signal
@@ -99,6 +100,21 @@ def start_servers(args: argparse.Namespace, url: str, admin: str, workdir: Path)
     return servers
 
 
+def start_nginx(ports: list[int], workdir: Path) -> tuple[Any, int]:
+    """nginx with the committed deploy/nginx.conf, its upstream pointed at this host's replicas."""
+    port = free_port()
+    conf = (ROOT / "deploy" / "nginx.conf").read_text()
+    servers = "".join(f"        server 127.0.0.1:{p} max_fails=3 fail_timeout=5s;\n" for p in ports)
+    conf = re.sub(r"( *server coordinator-\S+ [^\n]*\n)+", servers, conf)
+    conf = conf.replace("listen 8600;", f"listen 127.0.0.1:{port};")
+    (workdir / "nginx.conf").write_text(conf)
+    log = open(workdir / "nginx.log", "wb")  # noqa: SIM115 - lives as long as nginx
+    main = f"daemon off; pid {workdir / 'nginx.pid'}; error_log {workdir / 'nginx-error.log'};"
+    proc = subprocess.Popen(["nginx", "-p", str(workdir), "-c", str(workdir / "nginx.conf"), "-g", main],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, port
+
+
 def process_tree(pid: int) -> list[int]:
     out = [pid]
     try:
@@ -150,6 +166,8 @@ class Stats:
     acked: list[tuple[int, int, int, str]] = field(default_factory=list)  # job, result, worker, token
     holds: dict[int, list[tuple[float, float, int]]] = field(default_factory=lambda: defaultdict(list))
     lags: list[float] = field(default_factory=list)
+    db_waits: Counter[str] = field(default_factory=Counter)  # connection states summed over samples
+    db_samples: int = 0
 
 
 class Fleet:
@@ -247,6 +265,21 @@ class Fleet:
         except TimeoutError:
             return False
 
+    async def watch_database(self, url: str) -> None:
+        """Sample pg_stat_activity of the run's database: are connections waiting on locks?"""
+        import psycopg
+
+        plain = url.replace("postgresql+psycopg://", "postgresql://")
+        query = ("SELECT coalesce(wait_event_type, state), count(*) FROM pg_stat_activity "
+                 "WHERE datname = current_database() AND pid <> pg_backend_pid() GROUP BY 1")
+        with psycopg.connect(plain, autocommit=True) as conn:
+            while not self.stop.is_set():
+                if self.measuring:
+                    for what, n in await asyncio.to_thread(lambda: conn.execute(query).fetchall()):
+                        self.stats.db_waits[str(what)] += n
+                    self.stats.db_samples += 1
+                await asyncio.sleep(1.0)
+
     async def watch_lag(self) -> None:
         while not self.stop.is_set():
             t0 = time.monotonic()
@@ -313,7 +346,11 @@ async def run(args: argparse.Namespace) -> list[str]:
                    check=True, capture_output=True)
     admin = "adm-" + secrets.token_urlsafe(24)
     servers = start_servers(args, url, admin, workdir)
-    bases = [args.via] if args.via else [f"http://127.0.0.1:{port}" for _, port in servers]
+    if args.nginx:
+        lb, lb_port = start_nginx([port for _, port in servers], workdir)
+        servers.append((lb, lb_port))
+    bases = ([f"http://127.0.0.1:{servers[-1][1]}"] if args.nginx else
+             [f"http://127.0.0.1:{port}" for _, port in servers])
     report = max((json.loads(line) for line in REPORTS.read_text().splitlines()),
                  key=lambda r: len(json.dumps(r)))
     report["env"].update(chip=CHIP, backend=BACKEND)
@@ -345,6 +382,7 @@ async def run(args: argparse.Namespace) -> list[str]:
                        f"{jobs} jobs queued")
             pids = [p for proc, _ in servers for p in process_tree(proc.pid)]
             lag = asyncio.create_task(fleet.watch_lag())
+            watch = asyncio.create_task(fleet.watch_database(url)) if args.postgres else None
             tasks = [asyncio.create_task(fleet.worker(http, i, idents[i])) for i in range(args.workers)]
             fleet.measuring = True
             cpu0, pg0, host0 = cpu_seconds(pids), cpu_seconds(postgres_pids()), host_busy()
@@ -360,6 +398,8 @@ async def run(args: argparse.Namespace) -> list[str]:
             fleet.stop.set()
             await asyncio.gather(*tasks)
             lag.cancel()
+            if watch is not None:
+                await watch
     finally:
         for proc, _ in servers:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -370,7 +410,7 @@ async def run(args: argparse.Namespace) -> list[str]:
                f"lease {args.lease_seconds:g} s (heartbeat every {args.lease_seconds / 3:g} s), "
                f"long-poll {args.lease_wait:g} s, "
                f"{args.replicas} replica(s) x {args.server_workers} process(es), "
-               f"{'via ' + args.via if args.via else 'direct'}, {args.connections} client connections, "
+               f"{'through nginx' if args.nginx else 'direct'}, {args.connections} client connections, "
                f"{'PostgreSQL' if args.postgres else 'SQLite'}; measured {wall:.0f} s")
     out.append(f"{'endpoint':12s} {'count':>7s} {'req/s':>7s} {'p50 ms':>8s} {'p99 ms':>8s} {'max ms':>8s}")
     for name in ("lease", "heartbeat", "result", "release"):
@@ -389,6 +429,10 @@ async def run(args: argparse.Namespace) -> list[str]:
                f"PostgreSQL (all backends on the host): {(pg1 - pg0) / wall:.0%}; host: "
                f"{(host1[0] - host0[0]) / (host1[1] - host0[1]):.0%} busy of {os.cpu_count()} cores, "
                f"load average {load[0]:.1f} (other engineers' jobs share this host)")
+    if s.db_samples:
+        states = ", ".join(f"{k} {v / s.db_samples:.1f}" for k, v in s.db_waits.most_common())
+        out.append(f"database connections of the run, mean per 1 s sample: {states} "
+                   f"(Lock: waiting for a row or advisory lock; Client/idle: waiting for the coordinator)")
     out += audit(url, s)
     drop_database(args, pg_name)
     return out
@@ -408,7 +452,9 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=5000, help="jobs queued before the run")
     p.add_argument("--replicas", type=int, default=1, help="coordinator replicas (kernelfleet serve each)")
     p.add_argument("--server-workers", type=int, default=1, help="--workers of each replica")
-    p.add_argument("--via", help="send every request to this URL (a load balancer) instead of the replicas")
+    p.add_argument("--nginx", action="store_true",
+                   help="put nginx with deploy/nginx.conf in front of the replicas (its CPU counts as "
+                        "the server's)")
     p.add_argument("--connections", type=int, default=500, help="client connection pool size")
     p.add_argument("--out", type=Path, help="also write the summary to this file")
     args = p.parse_args()
