@@ -12,6 +12,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 
+import anyio
 import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -57,6 +58,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     engine = engine or make_checked_engine(settings.database_url, **settings.engine_options())
     session_factory = make_sessionmaker(engine)
     waiters = LeaseWaiters(session_factory, settings.lease_poll_seconds)
+    result_limiter = anyio.CapacityLimiter(settings.result_concurrency)
     process_lock = ProcessLock(settings.resolved_data_dir() / LOCK_FILE) if is_sqlite(engine) else None
 
     @asynccontextmanager
@@ -92,6 +94,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.state.engine = engine
     app.state.session_factory = session_factory
     app.state.lease_waiters = waiters
+    app.state.result_limiter = result_limiter
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
 
     @app.exception_handler(CoordinatorError)

@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     db_max_overflow: int = 5
     db_pool_timeout_seconds: float = 30.0
     threadpool_size: int | None = None
+    # of those threads, at most this many store results at once (a real report costs ~100 ms of CPU):
+    # the rest keep serving heartbeats and leases while results queue
+    result_concurrency: int = 4
     # request limits
     max_body_bytes: int = 4 * 1024 * 1024
     # dashboard
@@ -70,7 +73,9 @@ class Settings(BaseSettings):
                 "pool_timeout": self.db_pool_timeout_seconds}
 
     def threads(self) -> int:
-        return self.threadpool_size or self.db_pool_size + self.db_max_overflow
+        """Threads for sync routes other than result storage (see :attr:`result_concurrency`)."""
+        total = self.threadpool_size or self.db_pool_size + self.db_max_overflow
+        return max(1, total - self.result_concurrency)
 
     @property
     def is_local(self) -> bool:
