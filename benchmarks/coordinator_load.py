@@ -5,6 +5,8 @@ Each simulated worker enrolls (an admin-minted enrollment token), then loops: le
 ``--think``, heartbeating every lease_seconds/3, and post a real-size report (the largest one in
 benchmarks/results/h100_session_tuning.jsonl, with kernel, shape and dtype set to the job's). On a
 204 it waits the coordinator's ``Retry-After`` (jittered). At the end it releases what it holds.
+Workers start spread over ``--ramp`` seconds, and a worker's first job takes a uniform fraction of
+its think time, as in a fleet already running (results flow from the start at the steady rate).
 
 The coordinator runs as ``--replicas`` process groups (``kernelfleet serve --workers W`` each, on
 one fresh database); simulated workers are spread over the replicas round-robin, or all sent
@@ -127,15 +129,20 @@ def process_tree(pid: int) -> list[int]:
     return out
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    total = 0.0
+def cpu_seconds(pids: list[int]) -> dict[int, float]:
+    out = {}
     for pid in pids:
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            out[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         except OSError:
             pass
-    return total
+    return out
+
+
+def cpu_used(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds between two samples (processes that started in between count from zero)."""
+    return sum(t - before.get(pid, 0.0) for pid, t in after.items())
 
 
 def postgres_pids() -> list[int]:
@@ -215,6 +222,7 @@ class Fleet:
         auth = {"Authorization": f"Bearer {token}"}
         rng = random.Random(i)
         await asyncio.sleep(rng.uniform(0, self.args.ramp))
+        first = True
         while not self.stop.is_set():
             status, lease, headers = await self.call(
                 http, "lease", "POST", f"{base}/api/v1/leases", json={"wait_seconds": self.args.lease_wait},
@@ -226,7 +234,8 @@ class Fleet:
             start = time.monotonic()
             job_url = f"{base}/api/v1/jobs/{lease['job_id']}"
             body = {"lease_token": lease["lease_token"]}
-            held = await self._hold(http, job_url, body, auth, rng, lease["lease_seconds"])
+            held = await self._hold(http, job_url, body, auth, rng, lease["lease_seconds"], first)
+            first = False
             if held == "done":
                 report = dict(self.report, kernel=lease["kernel"], shape=lease["shape"],
                               dtype=lease["dtype"])
@@ -242,9 +251,12 @@ class Fleet:
             self.stats.holds[lease["job_id"]].append((start, time.monotonic(), worker_id))
 
     async def _hold(self, http: aiohttp.ClientSession, job_url: str, body: dict[str, str],
-                    auth: dict[str, str], rng: random.Random, lease_seconds: float) -> str:
+                    auth: dict[str, str], rng: random.Random, lease_seconds: float, first: bool) -> str:
         """Confirm, then heartbeat every lease/3 while "tuning": done, lost or stopped."""
-        tune_until = time.monotonic() + rng.uniform(*self.args.think)
+        think = rng.uniform(*self.args.think)
+        if first:  # the fleet is in steady state: a worker is somewhere in its current tune
+            think = rng.uniform(0, think)
+        tune_until = time.monotonic() + think
         while True:
             status, _, _ = await self.call(http, "heartbeat", "POST", f"{job_url}/heartbeat", json=body,
                                            headers=auth)
@@ -425,8 +437,8 @@ async def run(args: argparse.Namespace) -> list[str]:
     out.append(f"load generator: CPU {client_cpu:.0%} of one core; event-loop lag p50 "
                f"{statistics.median(s.lags) * 1e3:.1f} ms, p99 {pct(s.lags, 0.99) * 1e3:.1f} ms, "
                f"max {max(s.lags) * 1e3:.1f} ms")
-    out.append(f"coordinator ({len(pids)} processes): CPU {(cpu1 - cpu0) / wall:.0%} of one core; "
-               f"PostgreSQL (all backends on the host): {(pg1 - pg0) / wall:.0%}; host: "
+    out.append(f"coordinator ({len(pids)} processes): CPU {cpu_used(cpu0, cpu1) / wall:.0%} of one core; "
+               f"PostgreSQL (all backends on the host): {cpu_used(pg0, pg1) / wall:.0%}; host: "
                f"{(host1[0] - host0[0]) / (host1[1] - host0[1]):.0%} busy of {os.cpu_count()} cores, "
                f"load average {load[0]:.1f} (other engineers' jobs share this host)")
     if s.db_samples:
