@@ -282,8 +282,9 @@ class Fleet:
         import psycopg
 
         plain = url.replace("postgresql+psycopg://", "postgresql://")
-        query = ("SELECT coalesce(wait_event_type, state), count(*) FROM pg_stat_activity "
-                 "WHERE datname = current_database() AND pid <> pg_backend_pid() GROUP BY 1")
+        query = ("SELECT state || coalesce(' (' || wait_event_type || ')', ''), count(*) "
+                 "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                 "GROUP BY 1")
         with psycopg.connect(plain, autocommit=True) as conn:
             while not self.stop.is_set():
                 if self.measuring:
@@ -443,8 +444,8 @@ async def run(args: argparse.Namespace) -> list[str]:
                f"load average {load[0]:.1f} (other engineers' jobs share this host)")
     if s.db_samples:
         states = ", ".join(f"{k} {v / s.db_samples:.1f}" for k, v in s.db_waits.most_common())
-        out.append(f"database connections of the run, mean per 1 s sample: {states} "
-                   f"(Lock: waiting for a row or advisory lock; Client/idle: waiting for the coordinator)")
+        out.append(f"database connections of the run, mean per 1 s sample: {states} (idle: pooled; "
+                   f"idle in transaction: held by a busy coordinator thread; (Lock): waiting for a lock)")
     out += audit(url, s)
     drop_database(args, pg_name)
     return out
