@@ -28,6 +28,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy import Integer, cast, delete, func, select, text
@@ -71,6 +72,14 @@ def _sqlite_lock(session: Session) -> Iterator[bool]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _clock(session: Session) -> datetime:
+    """The database's wall clock now (PostgreSQL's ``now()`` is the transaction's start)."""
+    now = func.clock_timestamp() if not is_sqlite(session.get_bind().engine) else db_now()
+    value = session.scalar(select(now))
+    assert isinstance(value, datetime)
+    return value
+
+
 def pending_chips(factory: sessionmaker[Session]) -> list[str]:
     with factory() as session:
         return list(session.scalars(select(ProfileRequest.chip).distinct().order_by(ProfileRequest.chip)))
@@ -85,7 +94,7 @@ def _build(session: Session, chip: str, settings: Settings) -> bool:
     ).one()
     if newest is None:
         return False  # another builder answered them
-    started = session.scalar(select(db_now()))
+    started = _clock(session)
     if settings.profile_build_delay_seconds > 0:  # a testing knob: a slow build, on purpose
         time.sleep(settings.profile_build_delay_seconds)
     versions = [None, *sorted(set(session.scalars(
@@ -99,7 +108,7 @@ def _build(session: Session, chip: str, settings: Settings) -> bool:
                 built[version or ""] = profiles.store(session, chip, version, body).version
         session.execute(delete(ProfileRequest)
                         .where(ProfileRequest.chip == chip, ProfileRequest.id <= newest))
-        session.add(ProfileBuild(chip=chip, builder=BUILDER, started_at=started, finished_at=db_now(),
+        session.add(ProfileBuild(chip=chip, builder=BUILDER, started_at=started, finished_at=_clock(session),
                                  requests=int(count), oldest_request_at=oldest, versions=built))
     logger.info("profile of %s built (%s requests): versions %s", chip, count, built)
     return True
