@@ -9,7 +9,7 @@ PORT   ?= 8600
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run test lint typecheck pytest bench-kernels bench-search bench-gpu bench-launch-floor bench-predict bench-dashboard bench-detector clean
+.PHONY: help venv run test lint typecheck pytest bench-kernels bench-search bench-gpu bench-launch-floor bench-predict bench-dashboard bench-detector bench-profiles bench-calibration clean
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -55,6 +55,12 @@ bench-predict: $(STAMP) ## Held-out config predictions on the committed GPU repo
 
 bench-dashboard: $(STAMP) ## Dashboard page server times over 1,000,000 stored trials
 	$(BIN)/python benchmarks/dashboard.py
+
+bench-profiles: $(STAMP) ## Profile build and result insert at 1k, 10k, 100k stored results (PostgreSQL)
+	$(BIN)/python benchmarks/profiles.py
+
+bench-calibration: $(STAMP) ## Prediction confidence vs the observed within-5 % rate, held out, on the GPU reports
+	$(BIN)/python benchmarks/calibration.py
 
 BENCH_VENV := .venv-bench
 $(BENCH_VENV)/.installed-stamp: pyproject.toml

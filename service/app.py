@@ -18,11 +18,11 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import Engine
 from starlette.exceptions import HTTPException
 
+from kernelfleet.service.background import run_background
 from kernelfleet.service.db import make_sessionmaker
 from kernelfleet.service.errors import CoordinatorError
 from kernelfleet.service.limits import BodyLimitMiddleware, describe_validation_errors
 from kernelfleet.service.migrate import make_checked_engine
-from kernelfleet.service.profile_builder import run_profile_builder
 from kernelfleet.service.reaper import run_reaper
 from kernelfleet.service.settings import Settings
 
@@ -58,7 +58,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tasks = [
             asyncio.create_task(run_reaper(session_factory, settings), name="kernelfleet-reaper"),
-            asyncio.create_task(run_profile_builder(session_factory, settings), name="kernelfleet-profiles"),
+            asyncio.create_task(run_background(session_factory, settings), name="kernelfleet-background"),
         ]
         try:
             yield

@@ -6,8 +6,7 @@ from fastapi import APIRouter, Response, status
 
 from kernelfleet.service import leasing
 from kernelfleet.service.completion import complete
-from kernelfleet.service.deps import SessionDep, SessionFactoryDep, SettingsDep, WorkerDep
-from kernelfleet.service.hooks import run_result_hooks
+from kernelfleet.service.deps import SessionDep, SettingsDep, WorkerDep
 from kernelfleet.service.schemas import (
     CompleteIn,
     CompleteOut,
@@ -44,11 +43,11 @@ def heartbeat(job_id: int, body: LeaseTokenIn, worker: WorkerDep, session: Sessi
 @router.post("/jobs/{job_id}/result", status_code=status.HTTP_201_CREATED,
              responses={200: {"model": CompleteOut, "description": "a replay of an accepted result"}})
 def result(job_id: int, body: CompleteIn, worker: WorkerDep, session: SessionDep,
-           factory: SessionFactoryDep, response: Response) -> CompleteOut:
+           response: Response) -> CompleteOut:
+    """Store the result with the job's completion; its reactions (regression detection) and the
+    chip's profile follow in the background (service/background.py)."""
     done = complete(session, worker, job_id, body.lease_token, body.report)
-    if done.created:  # committed; hooks (e.g. regression detection) run before we answer
-        run_result_hooks(factory, int(done.response["result_id"]))
-    else:
+    if not done.created:
         response.status_code = status.HTTP_200_OK
     return CompleteOut.model_validate(done.response)
 

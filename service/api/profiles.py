@@ -24,7 +24,7 @@ from kernelfleet.service.db import immediate
 from kernelfleet.service.deps import DashboardDep, SessionDep
 from kernelfleet.service.errors import NotFound
 from kernelfleet.service.models import ConfigStat, Profile, ProfileRequest
-from kernelfleet.service.profiles import latest
+from kernelfleet.service.profiles import counts, latest
 from kernelfleet.service.schemas import UtcTime
 
 router = APIRouter(tags=["profiles"])
@@ -55,14 +55,6 @@ def _etag_matches(header: str | None, etag: str) -> bool:
         return False
     tags = [t.strip().removeprefix("W/").strip('"') for t in header.split(",")]
     return "*" in tags or etag in tags
-
-
-def counts(body: dict[str, Any]) -> dict[str, int]:
-    entries = body.get("entries", [])
-    predicted = [e for e in entries if e.get("predicted")]
-    return {"measured": len(entries) - len(predicted),
-            "predicted": sum(1 for e in predicted if "fallback" not in e),
-            "fallback": sum(1 for e in predicted if "fallback" in e)}
 
 
 @router.get("/profiles")

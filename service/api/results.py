@@ -9,8 +9,7 @@ from fastapi import APIRouter, status
 from sqlalchemy import select
 
 from kernelfleet.service.db import immediate
-from kernelfleet.service.deps import AdminDep, SessionDep, SessionFactoryDep
-from kernelfleet.service.hooks import run_result_hooks
+from kernelfleet.service.deps import AdminDep, SessionDep
 from kernelfleet.service.models import Result
 from kernelfleet.service.reports import store_report
 from kernelfleet.service.schemas import ImportIn, ImportOut
@@ -19,7 +18,7 @@ router = APIRouter(tags=["results"])
 
 
 @router.post("/results/import", status_code=status.HTTP_201_CREATED)
-def import_results(body: ImportIn, _: AdminDep, session: SessionDep, factory: SessionFactoryDep) -> ImportOut:
+def import_results(body: ImportIn, _: AdminDep, session: SessionDep) -> ImportOut:
     """Store every new report in one transaction: all of them or none. Reports stored before are
     skipped (``duplicates``); ``result_ids`` gives each report's result, new or earlier."""
     digests = [report.digest() for report in body.reports]
@@ -37,6 +36,4 @@ def import_results(body: ImportIn, _: AdminDep, session: SessionDep, factory: Se
                 known[digest] = row.id
                 new.append(row.id)
             ids.append(known[digest])
-    for result_id in new:
-        run_result_hooks(factory, result_id)
     return ImportOut(imported=len(new), duplicates=len(ids) - len(new), result_ids=ids)
