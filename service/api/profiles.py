@@ -134,9 +134,9 @@ def get_profile(
         if not allow_predicted:
             raise _no_data(session, chip, mlx_version)
         if row is None:
-            if chips.backend_of(chip) is None:
-                raise NotFound(f"chip {chip!r} is not in the chip table and has no results: nothing to "
-                               f"predict it from")
+            if chips.lookup(chip) is None:  # bounded: only the chip table's names get such profiles
+                raise NotFound(f"chip {chip!r} is not in the chip table (service/chips.py) and has no "
+                               f"results: nothing to predict it from")
             return _queue(session, chip, True)
     assert row is not None
     headers = {"ETag": f'"{row.etag}"', "Cache-Control": "no-cache"}
