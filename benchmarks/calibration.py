@@ -37,7 +37,9 @@ from kernelfleet.service.schemas import TuningReport
 
 RESULTS = Path(__file__).parent / "results"
 GPU_FILES = ("h100_tuning.jsonl", "h100_fleet_tuning.jsonl", "h200_tuning.jsonl", "h100_session_tuning.jsonl",
-             "h100_spread_tuning.jsonl", "h100_session_run6_tuning.jsonl")
+             "h100_spread_tuning.jsonl", "h100_session_run6_tuning.jsonl",
+             # the H200's own tunes from the cross-chip benchmark: two chips with many shapes in common
+             "h200_cross_chip_tuning.jsonl", "h200_cross_chip_run2_tuning.jsonl")
 THRESHOLD = 0.8
 CONF_BINS = (0.0, 0.5, 0.6, 0.7, 0.8, 0.9, 1.01)
 
