@@ -16,7 +16,7 @@ import logging
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from kernelfleet.service.db import db_now, is_sqlite
+from kernelfleet.service.db import db_now, immediate, is_sqlite
 from kernelfleet.service.hooks import run_result_hooks
 from kernelfleet.service.locks import file_lock, pg_try_lock
 from kernelfleet.service.models import ResultEvent
@@ -26,14 +26,21 @@ logger = logging.getLogger(__name__)
 BATCH = 200
 
 
-def _drain(factory: sessionmaker[Session], session: Session) -> int:
+def _drain(factory: sessionmaker[Session], session: Session, sqlite: bool) -> int:
     events = session.execute(
         select(ResultEvent.id, ResultEvent.result_id).order_by(ResultEvent.id).limit(BATCH)
     ).all()
+    if sqlite:  # end the read snapshot: the hooks write, and an older snapshot could not write after
+        session.rollback()
     for _, result_id in events:
         run_result_hooks(factory, result_id)
     if events:
-        session.execute(delete(ResultEvent).where(ResultEvent.id <= events[-1].id))
+        done = delete(ResultEvent).where(ResultEvent.id <= events[-1].id)
+        if sqlite:
+            with immediate(session):
+                session.execute(done)
+        else:
+            session.execute(done)
     return len(events)
 
 
@@ -46,13 +53,12 @@ def run_pending(factory: sessionmaker[Session]) -> int:
                 with file_lock(session, "reactions") as mine:
                     if not mine:
                         return total
-                    done = _drain(factory, session)
-                    session.commit()
+                    done = _drain(factory, session, sqlite=True)
             else:
-                with session.begin():
+                with session.begin():  # the drainer's lock lasts until this transaction ends
                     if not pg_try_lock(session, "reactions"):
                         return total
-                    done = _drain(factory, session)
+                    done = _drain(factory, session, sqlite=False)
         total += done
         if done < BATCH:
             return total
