@@ -9,7 +9,7 @@ PORT   ?= 8600
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run test lint typecheck pytest bench-kernels bench-search bench-gpu bench-launch-floor bench-predict bench-dashboard bench-load bench-detector clean
+.PHONY: help venv run test lint typecheck pytest bench-kernels bench-search bench-gpu bench-launch-floor bench-predict bench-cross-chip bench-dashboard bench-load bench-detector bench-profiles bench-calibration clean
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -53,12 +53,25 @@ bench-launch-floor: $(STAMP) ## Round length and mx.compile vs per-launch median
 bench-predict: $(STAMP) ## Held-out config predictions on the committed GPU reports (+ their side-by-side runs)
 	$(BIN)/python benchmarks/predict.py
 
+CROSS_CHIP ?= h200
+CROSS_CHIP_RUNS ?= $(wildcard benchmarks/results/$(CROSS_CHIP)_cross_chip.jsonl benchmarks/results/$(CROSS_CHIP)_cross_chip_run*[0-9].jsonl)
+bench-cross-chip: $(STAMP) ## Cross-chip profile (CROSS_CHIP=h200 from H100 reports) vs tuned on that GPU; PLAN=1 re-plans
+	$(if $(PLAN),$(BIN)/python benchmarks/cross_chip.py plan --target $(CROSS_CHIP))
+	$(BIN)/python benchmarks/cross_chip.py score --jobs benchmarks/results/$(CROSS_CHIP)_cross_chip_jobs.jsonl \
+	  $(CROSS_CHIP_RUNS) --out benchmarks/results/$(CROSS_CHIP)_cross_chip.txt
+
 bench-dashboard: $(STAMP) ## Dashboard page server times over 1,000,000 stored trials
 	$(BIN)/python benchmarks/dashboard.py
 
 LOAD_ARGS ?= --workers 1000 --duration 120 --think 30 60
 bench-load: $(STAMP) ## Coordinator under N simulated workers (API only) + database audit; LOAD_ARGS, KERNELFLEET_TEST_POSTGRES_URL
 	$(BIN)/python benchmarks/coordinator_load.py $(if $(KERNELFLEET_TEST_POSTGRES_URL),--postgres $(KERNELFLEET_TEST_POSTGRES_URL)) $(LOAD_ARGS)
+
+bench-profiles: $(STAMP) ## Profile build and result insert at 1k, 10k, 100k stored results (PostgreSQL)
+	$(BIN)/python benchmarks/profiles.py
+
+bench-calibration: $(STAMP) ## Prediction confidence vs the observed within-5 % rate, held out, on the GPU reports
+	$(BIN)/python benchmarks/calibration.py
 
 BENCH_VENV := .venv-bench
 $(BENCH_VENV)/.installed-stamp: pyproject.toml

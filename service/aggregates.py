@@ -23,16 +23,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 from scipy.stats import binom
-from sqlalchemy import and_, select
+from sqlalchemy import and_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from kernelfleet.service.db import is_sqlite
 from kernelfleet.service.models import ConfigStat, Result
 
 WINDOW = 32  # run medians (and same-run speedups) kept per row
 MAX_WORKERS = 64  # distinct worker ids kept per row (the count saturates there)
+# for n runs, the rank k of the order-statistic ~95 % interval of a median: P(Binom(n, 1/2) < k) <= .025
+_MEDIAN_RANK = [int(binom.ppf(0.025, n, 0.5)) for n in range(WINDOW + 1)]
 SERIES_COLUMNS = ("chip", "backend", "mlx_version", "kernel", "shape", "dtype", "kernel_hash")
 
 
@@ -49,7 +51,7 @@ def speedup_interval(runs: Sequence[Sequence[float]]) -> tuple[float, float, flo
     n = len(mids)
     mid = float(statistics.median(mids))
     # order-statistic interval of a median: the k-th smallest and largest with P(Binom(n, .5) < k) <= .025
-    k = int(binom.ppf(0.025, n, 0.5))
+    k = _MEDIAN_RANK[n] if n <= WINDOW else int(binom.ppf(0.025, n, 0.5))
     if n >= 6 and k >= 1:
         return mid, mids[k - 1], mids[n - k]
     return mid, min(r[0] for r in runs), max(r[2] for r in runs)
@@ -94,8 +96,10 @@ def record(session: Session, result: Result, trials: Sequence[dict[str, Any]],
         [{**series, **blank, "config_key": t["config_key"], "config": t["config"],
           "is_builtin": bool(t.get("is_builtin"))} for t in sorted(ok, key=lambda t: t["config_key"])],
     )
-    rows = session.scalars(
-        select(ConfigStat)
+    rows = session.execute(
+        select(ConfigStat.id, ConfigStat.config_key, ConfigStat.runs, ConfigStat.imported_runs,
+               ConfigStat.worker_ids, ConfigStat.first_seen_at, ConfigStat.last_seen_at,
+               ConfigStat.last_result_id, ConfigStat.medians_us, ConfigStat.speedups)
         .where(and_(*(getattr(ConfigStat, c) == v for c, v in series.items())),
                ConfigStat.config_key.in_(keys))
         .order_by(ConfigStat.config_key)
@@ -103,24 +107,35 @@ def record(session: Session, result: Result, trials: Sequence[dict[str, Any]],
     ).all()
     by_key = {t["config_key"]: t for t in ok}
     builtin = next((t for t in ok if t.get("is_builtin")), None)
+    updates: list[dict[str, Any]] = []
     for row in rows:
         trial = by_key[row.config_key]
-        row.runs += 1
-        if result.worker_id is None:
-            row.imported_runs += 1
-        elif result.worker_id not in row.worker_ids and len(row.worker_ids) < MAX_WORKERS:
-            row.worker_ids = [*row.worker_ids, result.worker_id]
+        workers = list(row.worker_ids)
+        if result.worker_id is not None and result.worker_id not in workers and len(workers) < MAX_WORKERS:
+            workers.append(result.worker_id)
+        first, last = _utc(row.first_seen_at), _utc(row.last_seen_at)
         if when is not None:
-            first, last = _utc(row.first_seen_at), _utc(row.last_seen_at)
-            row.first_seen_at = min(first, when) if first else when
-            row.last_seen_at = max(last, when) if last else when
-        row.last_result_id = max(row.last_result_id, result.id)
-        row.medians_us = [*row.medians_us, float(trial["median_us"])][-WINDOW:]
-        row.center_us, row.spread = robust_center(row.medians_us)
+            first, last = (min(first, when) if first else when), (max(last, when) if last else when)
+        medians = [*row.medians_us, float(trial["median_us"])][-WINDOW:]
+        center, spread = robust_center(medians)
+        change: dict[str, Any] = {
+            "id": row.id, "runs": row.runs + 1,
+            "imported_runs": row.imported_runs + (result.worker_id is None),
+            "worker_ids": workers, "first_seen_at": first, "last_seen_at": last,
+            "last_result_id": max(row.last_result_id, result.id),
+            "medians_us": medians, "center_us": center, "spread": spread,
+        }
         if builtin is not None:
-            row.speedups = [*row.speedups, _ratio_bounds(builtin, trial)][-WINDOW:]
-            row.speedup, row.speedup_lo, row.speedup_hi = speedup_interval(row.speedups)
-    return len(rows)
+            speedups = [*row.speedups, _ratio_bounds(builtin, trial)][-WINDOW:]
+            mid, lo, hi = speedup_interval(speedups)
+            change.update(speedups=speedups, speedup=mid, speedup_lo=lo, speedup_hi=hi)
+        updates.append(change)
+    # one executemany per set of columns (two at most: with and without a built-in in this run)
+    for with_builtin in (True, False):
+        batch = [u for u in updates if ("speedups" in u) == with_builtin]
+        if batch:
+            session.execute(update(ConfigStat), batch)
+    return len(updates)
 
 
 def series_filter(chips: Sequence[str] | None = None, backend: str | None = None) -> list[Any]:
@@ -137,7 +152,8 @@ def current_rows(session: Session, *where: Any, mlx_version: str | None = None) 
     """The stats rows of each (chip, backend, kernel, shape, dtype) series' current measurements: its
     newest kernel source and, unless ``mlx_version`` is given, its newest MLX version (by the
     newest result that touched them). Cost: O(stats rows selected), independent of stored results."""
-    query = select(ConfigStat).where(*where)
+    # the bounded windows are for the incremental update only: a build never decodes them
+    query = select(ConfigStat).where(*where).options(defer(ConfigStat.medians_us), defer(ConfigStat.speedups))
     if mlx_version is not None:
         query = query.where(ConfigStat.mlx_version == mlx_version)
     rows = session.scalars(query).all()

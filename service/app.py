@@ -20,13 +20,12 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import Engine
 from starlette.exceptions import HTTPException
 
-from kernelfleet.service.db import is_sqlite, make_sessionmaker
+from kernelfleet.service.background import run_background
+from kernelfleet.service.db import make_sessionmaker
 from kernelfleet.service.errors import CoordinatorError
-from kernelfleet.service.leader import LOCK_FILE, ProcessLock
 from kernelfleet.service.limits import BodyLimitMiddleware, describe_validation_errors
 from kernelfleet.service.longpoll import LeaseWaiters
 from kernelfleet.service.migrate import make_checked_engine
-from kernelfleet.service.profile_builder import run_profile_builder
 from kernelfleet.service.reaper import run_reaper
 from kernelfleet.service.settings import Settings
 
@@ -59,7 +58,6 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     session_factory = make_sessionmaker(engine)
     waiters = LeaseWaiters(session_factory, settings.lease_poll_seconds)
     result_limiter = anyio.CapacityLimiter(settings.result_concurrency)
-    process_lock = ProcessLock(settings.resolved_data_dir() / LOCK_FILE) if is_sqlite(engine) else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -67,9 +65,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         # thread waits for a connection (a session never waits for a second thread: see deps.py)
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.threads()
         tasks = [
-            asyncio.create_task(run_reaper(session_factory, settings, process_lock),
-                                name="kernelfleet-reaper"),
-            asyncio.create_task(run_profile_builder(session_factory, settings), name="kernelfleet-profiles"),
+            asyncio.create_task(run_reaper(session_factory, settings), name="kernelfleet-reaper"),
+            asyncio.create_task(run_background(session_factory, settings), name="kernelfleet-background"),
         ]
         try:
             yield
@@ -80,8 +77,6 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 with suppress(asyncio.CancelledError):
                     await task
             await waiters.close()
-            if process_lock is not None:
-                process_lock.release()
             engine.dispose()
 
     app = FastAPI(

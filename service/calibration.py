@@ -15,6 +15,7 @@ little. :func:`confidence` maps a new prediction's score to its bin's rate.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 from kernelfleet.service.predict import NEAR, Observations, Prediction, predict
 
 EDGES = (0.0, 0.2, 0.4, 0.6, 0.7, 0.8, 0.9, 1.0000001)
+MAX_HELD_OUT = 500  # series held out per calibration (a stable sample of them beyond that)
 MODES = ("own", "cross")
 
 
@@ -41,20 +43,25 @@ def _hit(pick: Prediction, times: dict[str, float]) -> bool:
 
 
 def held_out(observations: Observations,
-             valid: Callable[[str, str, str], Callable[[str], bool] | None] | None = None) -> list[Sample]:
-    """Leave-one-out samples (both modes) over every series with at least two measured configs."""
+             valid: Callable[[str, str, str], Callable[[str], bool] | None] | None = None,
+             limit: int = MAX_HELD_OUT) -> list[Sample]:
+    """Leave-one-out samples (both modes) over every series with at least two measured configs; past
+    ``limit`` series, a stable sample of them (by a hash of the series), so a calibration's cost
+    stays bounded as the fleet grows (each prediction is O(the kernel's sources))."""
+    series = sorted(((chip, key) for chip, table in observations.items()
+                     for key, times in table.items() if len(times) >= 2),
+                    key=lambda s: hashlib.sha256(repr(s).encode()).hexdigest())[:limit]
     samples: list[Sample] = []
-    for chip, table in observations.items():
-        for (kernel, shape, dtype), times in table.items():
-            if len(times) < 2:
-                continue
-            check = valid(kernel, shape, dtype) if valid else None
-            mine = {(chip, k, s, d) for (k, s, d) in table if k == kernel}
-            for mode, exclude in (("own", {(chip, kernel, shape, dtype)}), ("cross", mine)):
-                pick = predict(chip, kernel, shape, dtype, observations, valid=check, exclude=exclude)
-                if pick is None or (mode == "own") == pick.cross_chip:
-                    continue  # no own-chip source left: that case is the cross mode's
-                samples.append(Sample(mode, pick.score, _hit(pick, times), chip, kernel, shape, dtype))
+    for chip, (kernel, shape, dtype) in series:
+        table = observations[chip]
+        times = table[(kernel, shape, dtype)]
+        check = valid(kernel, shape, dtype) if valid else None
+        mine = {(chip, k, s, d) for (k, s, d) in table if k == kernel}
+        for mode, exclude in (("own", {(chip, kernel, shape, dtype)}), ("cross", mine)):
+            pick = predict(chip, kernel, shape, dtype, observations, valid=check, exclude=exclude)
+            if pick is None or (mode == "own") == pick.cross_chip:
+                continue  # no own-chip source left: that case is the cross mode's
+            samples.append(Sample(mode, pick.score, _hit(pick, times), chip, kernel, shape, dtype))
     return samples
 
 

@@ -1,4 +1,5 @@
-"""Hooks run after a result is stored (completion or import), once its transaction has committed.
+"""Hooks run after a result is stored (completion or import), in the background loop
+(:mod:`kernelfleet.service.reactions`), once per stored result and in the order results were stored.
 
 Other parts of the coordinator register here, e.g. the regression detector::
 
@@ -8,7 +9,7 @@ Other parts of the coordinator register here, e.g. the regression detector::
     def detect(session_factory: sessionmaker[Session], result_id: int) -> None: ...
 
 A hook gets the session factory (it opens its own transaction) and the new result's id. A hook's
-exception is logged and never fails the request that stored the result.
+exception is logged and never stops the other hooks or later results. Delivery is at least once.
 """
 
 from __future__ import annotations

@@ -342,6 +342,17 @@ class ProfileRequest(Base):
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
 
 
+class ResultEvent(Base):
+    """A stored result whose reactions (the result hooks: regression detection, ...) have not run yet.
+    Inserted in the result's own transaction, drained in id order by the background loop."""
+
+    __tablename__ = "result_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    result_id: Mapped[int] = mapped_column(ForeignKey("results.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+
+
 class ProfileBuild(Base):
     """One background build of a chip's profiles: who built it and when (replicas never overlap)."""
 

@@ -1,17 +1,18 @@
 """Background profile building: coalesced per chip, under a per-chip lock, never in a request.
 
 Storing a result inserts a ``profile_requests`` row for its chip (insert-only: results of one chip
-never wait on each other). Every :attr:`Settings.profile_build_interval_seconds` each coordinator
-process runs :func:`build_pending`: for each chip with requests it takes the chip's lock, answers
-every request up to the newest one it saw with one build (the chip-wide profile and one per MLX
-version the chip has results for), deletes those requests and logs the build (``profile_builds``).
-Requests that arrive during a build stay queued for the next pass, so a new profile version
-appears within seconds of new data and readers always get the last complete version.
+never wait on each other). Every :attr:`Settings.background_interval_seconds` each coordinator
+process runs :func:`build_pending` (from :mod:`kernelfleet.service.background`): for each chip with
+requests it takes the chip's lock, answers every request up to the newest one it saw with one build
+(the chip-wide profile and one per MLX version the chip has results for), deletes those requests and
+logs the build (``profile_builds``). Requests that arrive during a build stay queued for the next
+pass, so a new profile version appears within seconds of new data and readers always get the last
+complete version.
 
-Locks: on PostgreSQL ``pg_try_advisory_xact_lock(KEY, hashtext(chip))``, one per chip, so replicas
+Locks (:mod:`kernelfleet.service.locks`): on PostgreSQL one advisory lock per chip, so replicas
 build different chips at once and never the same chip twice at once; on SQLite an exclusive
-``flock`` on a file beside the database (one builder at a time across processes), and the build
-reads outside the write lock, so result writes are not held up by it.
+``flock`` beside the database (one builder at a time across processes), and the build reads
+outside the write lock, so result writes are not held up by it.
 
 Calibration (:mod:`kernelfleet.service.calibration`) is recomputed per backend at most every
 :attr:`Settings.calibration_interval_seconds`, when the backend's stats changed, under the same
@@ -20,55 +21,35 @@ kind of lock.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import fcntl
 import logging
 import os
 import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
+from datetime import datetime
 
-from sqlalchemy import Integer, cast, delete, func, select, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import Integer, cast, delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from kernelfleet.service import aggregates, calibration, profiles
 from kernelfleet.service.db import db_now, immediate, is_sqlite
+from kernelfleet.service.locks import file_lock, pg_try_lock
 from kernelfleet.service.models import Calibration, ConfigStat, ProfileBuild, ProfileRequest
 from kernelfleet.service.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-LOCK_CLASS = 0x6B66  # first key of the PostgreSQL advisory locks ("kf")
 CALIBRATION_LOCK = "calibration:"
 BUILDER = f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _pg_try_lock(session: Session, name: str) -> bool:
-    return bool(session.scalar(text("SELECT pg_try_advisory_xact_lock(:c, hashtext(:n))"),
-                               {"c": LOCK_CLASS, "n": name}))
-
-
-@contextlib.contextmanager
-def _sqlite_lock(session: Session) -> Iterator[bool]:
-    """An exclusive, non-blocking lock on ``<database>.builder.lock``; yields whether it was taken."""
-    database = make_url(str(session.get_bind().engine.url)).database or ""
-    if not database or database == ":memory:":
-        yield True
-        return
-    path = Path(database).expanduser().with_name(Path(database).name + ".builder.lock")
-    with open(path, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+def _clock(session: Session) -> datetime:
+    """The database's wall clock now (PostgreSQL's ``now()`` is the transaction's start)."""
+    now = func.clock_timestamp() if not is_sqlite(session.get_bind().engine) else db_now()
+    value = session.scalar(select(now))
+    assert isinstance(value, datetime)
+    return value
 
 
 def pending_chips(factory: sessionmaker[Session]) -> list[str]:
@@ -85,7 +66,7 @@ def _build(session: Session, chip: str, settings: Settings) -> bool:
     ).one()
     if newest is None:
         return False  # another builder answered them
-    started = session.scalar(select(db_now()))
+    started = _clock(session)
     if settings.profile_build_delay_seconds > 0:  # a testing knob: a slow build, on purpose
         time.sleep(settings.profile_build_delay_seconds)
     versions = [None, *sorted(set(session.scalars(
@@ -99,7 +80,7 @@ def _build(session: Session, chip: str, settings: Settings) -> bool:
                 built[version or ""] = profiles.store(session, chip, version, body).version
         session.execute(delete(ProfileRequest)
                         .where(ProfileRequest.chip == chip, ProfileRequest.id <= newest))
-        session.add(ProfileBuild(chip=chip, builder=BUILDER, started_at=started, finished_at=db_now(),
+        session.add(ProfileBuild(chip=chip, builder=BUILDER, started_at=started, finished_at=_clock(session),
                                  requests=int(count), oldest_request_at=oldest, versions=built))
     logger.info("profile of %s built (%s requests): versions %s", chip, count, built)
     return True
@@ -121,22 +102,22 @@ def build_chip(factory: sessionmaker[Session], chip: str, settings: Settings) ->
     """Build ``chip``'s profiles if its lock is free and requests are queued; True when built."""
     with factory() as session:
         if is_sqlite(session.get_bind().engine):
-            with _sqlite_lock(session) as mine:
+            with file_lock(session, "builder") as mine:
                 return mine and _build(session, chip, settings)
         with session.begin():
-            return _pg_try_lock(session, chip) and _build(session, chip, settings)
+            return pg_try_lock(session, "profile:" + chip) and _build(session, chip, settings)
 
 
 def calibrate(factory: sessionmaker[Session], backend: str, settings: Settings) -> Calibration | None:
     """Recompute ``backend``'s calibration when its stats changed and the last one is old enough."""
     with factory() as session:
         sqlite = is_sqlite(session.get_bind().engine)
-        with (_sqlite_lock(session) if sqlite else contextlib.nullcontext(True)) as mine:
+        with (file_lock(session, "builder") if sqlite else contextlib.nullcontext(True)) as mine:
             if not mine:
                 return None
             if not sqlite:
                 session.begin()
-                if not _pg_try_lock(session, CALIBRATION_LOCK + backend):
+                if not pg_try_lock(session, CALIBRATION_LOCK + backend):
                     session.rollback()
                     return None
             count = session.scalar(select(func.count()).where(ConfigStat.backend == backend)) or 0
@@ -172,13 +153,3 @@ def build_pending(factory: sessionmaker[Session], settings: Settings) -> int:
         if backend != "cpu":
             calibrate(factory, backend, settings)
     return sum(build_chip(factory, chip, settings) for chip in pending_chips(factory))
-
-
-async def run_profile_builder(factory: sessionmaker[Session], settings: Settings) -> None:
-    """The background loop (one per coordinator process)."""
-    while True:
-        try:
-            await asyncio.to_thread(build_pending, factory, settings)
-        except Exception:  # keep building: a failed pass is retried on the next one
-            logger.exception("profile build pass failed")
-        await asyncio.sleep(settings.profile_build_interval_seconds)

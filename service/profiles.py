@@ -184,15 +184,19 @@ def build_body(session: Session, chip: str, mlx_version: str | None, *, threshol
         entries += predicted_entries(chip, tables, mine, calibration_table(session, backend), threshold)
     if not entries:
         return None
-    predicted = [e for e in entries if e["predicted"]]
-    return {
-        "schema": SCHEMA, "chip": chip, "backend": backend, "mlx_version": mlx_version,
-        "entries": entries,
-        "counts": {"measured": len(entries) - len(predicted),
-                   "predicted": sum(1 for e in predicted if "fallback" not in e),
-                   "fallback": sum(1 for e in predicted if "fallback" in e)},
-        "confidence_threshold": threshold,
-    }
+    body = {"schema": SCHEMA, "chip": chip, "backend": backend, "mlx_version": mlx_version,
+            "entries": entries, "confidence_threshold": threshold}
+    return {**body, "counts": counts(body)}
+
+
+def counts(body: dict[str, Any]) -> dict[str, int]:
+    """A profile body's measured entries, predicted ones with a predicted config, and predicted ones
+    that fell back to the built-in."""
+    entries = body.get("entries", [])
+    predicted = [e for e in entries if e.get("predicted")]
+    return {"measured": len(entries) - len(predicted),
+            "predicted": sum(1 for e in predicted if "fallback" not in e),
+            "fallback": sum(1 for e in predicted if "fallback" in e)}
 
 
 def content_etag(chip: str, mlx_version: str | None, entries: list[dict[str, Any]]) -> str:

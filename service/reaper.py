@@ -1,8 +1,8 @@
 """The reaper: a background task in the app's lifespan that requeues expired leases (with backoff)
 or marks their jobs dead at max_attempts, and requeues unconfirmed leases that ran out with their
-attempt refunded. One process reaps at a time (:mod:`kernelfleet.service.leader`): on PostgreSQL
-each pass runs under a transaction-level advisory lock, on SQLite only the holder of the data
-directory's process lock reaps."""
+attempt refunded. One process reaps at a time (:mod:`kernelfleet.service.locks`): on PostgreSQL
+each pass runs under the advisory lock ``reaper`` for its transaction, on SQLite under an ``flock``
+on ``<database>.reaper.lock``; a process that does not get it skips the pass."""
 
 from __future__ import annotations
 
@@ -12,24 +12,31 @@ import logging
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from kernelfleet.service.db import db_now, immediate
-from kernelfleet.service.leader import ProcessLock, try_pass_lock
+from kernelfleet.service.db import db_now, immediate, is_sqlite
 from kernelfleet.service.leasing import Transition, reap_expired
+from kernelfleet.service.locks import file_lock, pg_try_lock
 from kernelfleet.service.models import Job, JobState
 from kernelfleet.service.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-REAPER_LOCK_KEY = 0x4B46_5245  # "KFRE"
 
-
-def reap_once(session_factory: sessionmaker[Session], settings: Settings,
-              process_lock: ProcessLock | None = None) -> list[Transition]:
+def reap_once(session_factory: sessionmaker[Session], settings: Settings) -> list[Transition]:
     """One reaper pass; returns the jobs it requeued or killed (empty when another process holds the lock)."""
-    with session_factory() as session, immediate(session):
-        if not try_pass_lock(session, REAPER_LOCK_KEY, process_lock):
-            return []
-        moved = reap_expired(session, settings.requeue_backoff_seconds, settings.requeue_backoff_max_seconds)
+    with session_factory() as session:
+        if is_sqlite(session.get_bind().engine):
+            with file_lock(session, "reaper") as mine:
+                if not mine:
+                    return []
+                with immediate(session):
+                    moved = reap_expired(session, settings.requeue_backoff_seconds,
+                                         settings.requeue_backoff_max_seconds)
+        else:
+            with session.begin():  # the lock lasts until this transaction ends
+                if not pg_try_lock(session, "reaper"):
+                    return []
+                moved = reap_expired(session, settings.requeue_backoff_seconds,
+                                     settings.requeue_backoff_max_seconds)
     for t in moved:
         logger.info("reaper: job %s lease expired -> %s (attempt %s of %s)", t.job_id, t.state.value,
                     t.attempts, t.max_attempts)
@@ -55,8 +62,7 @@ def grant_restart_grace(session_factory: sessionmaker[Session], settings: Settin
     return extended
 
 
-async def run_reaper(session_factory: sessionmaker[Session], settings: Settings,
-                     process_lock: ProcessLock | None = None) -> None:
+async def run_reaper(session_factory: sessionmaker[Session], settings: Settings) -> None:
     """Reap every ``reaper_interval_seconds`` until cancelled (after :func:`grant_restart_grace`)."""
     try:
         await asyncio.to_thread(grant_restart_grace, session_factory, settings)
@@ -64,7 +70,7 @@ async def run_reaper(session_factory: sessionmaker[Session], settings: Settings,
         logger.exception("extending leases after start-up failed")
     while True:
         try:
-            await asyncio.to_thread(reap_once, session_factory, settings, process_lock)
+            await asyncio.to_thread(reap_once, session_factory, settings)
         except Exception:  # keep reaping after a transient database error
             logger.exception("reaper pass failed")
         await asyncio.sleep(settings.reaper_interval_seconds)

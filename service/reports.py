@@ -1,10 +1,11 @@
 """Storing tuning reports: the one function both job completion and admin import use.
 
 :func:`store_report` inserts a ``results`` row and its ``trials``, folds the trials into the
-incremental ``config_stats`` (O(its trials)) and asks for the chip's profile to be rebuilt (one
-insert into ``profile_requests``; the background builder coalesces them), all in the caller's
-transaction (it does not commit), so a completion stores its result in the same transaction as the
-job's transition. Run :func:`kernelfleet.service.hooks.run_result_hooks` after the commit.
+incremental ``config_stats`` (O(its trials)), asks for the chip's profile to be rebuilt (one insert
+into ``profile_requests``; the background builder coalesces them) and queues the result's reactions
+(one insert into ``result_events``; :mod:`kernelfleet.service.reactions` runs the result hooks in
+the background), all in the caller's transaction (it does not commit), so a completion stores its
+result in the same transaction as the job's transition and no reaction is lost.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
 from kernelfleet.service import aggregates
-from kernelfleet.service.models import ProfileRequest, Result, Trial, TrialStatus
+from kernelfleet.service.models import ProfileRequest, Result, ResultEvent, Trial, TrialStatus
 from kernelfleet.service.schemas import TuningReport
 
 
@@ -83,5 +84,5 @@ def store_report(
     session.execute(insert(Trial), rows)
     aggregates.record(session, result, [{**r, "status": r["status"].value} for r in rows],
                       report.measured_at)
-    session.add(ProfileRequest(chip=env.chip))
+    session.add_all([ProfileRequest(chip=env.chip), ResultEvent(result_id=result.id)])
     return result

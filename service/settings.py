@@ -59,8 +59,8 @@ class Settings(BaseSettings):
     max_body_bytes: int = 4 * 1024 * 1024
     # dashboard
     dashboard_public: bool = True
-    # profiles (built in the background from the incremental stats; see service/profile_builder.py)
-    profile_build_interval_seconds: float = 1.0
+    # background work (service/background.py): result reactions, then profile building
+    background_interval_seconds: float = 0.5
     profile_build_delay_seconds: float = 0.0  # testing: make every build this much slower
     prediction_min_confidence: float = 0.8  # below it a predicted entry is the built-in
     calibration_interval_seconds: float = 60.0

@@ -105,8 +105,8 @@ class Coordinator:
             "KERNELFLEET_DATABASE_URL": self.db_url,
             "KERNELFLEET_ADMIN_TOKEN": self.admin_token,
             "PYTHONUNBUFFERED": "1",
-            # background profile building: passes every 0.2 s, calibration whenever the stats changed
-            "KERNELFLEET_PROFILE_BUILD_INTERVAL_SECONDS": "0.2",
+            # background work (reactions, profiles): passes every 0.2 s; calibration whenever stats change
+            "KERNELFLEET_BACKGROUND_INTERVAL_SECONDS": "0.2",
             "KERNELFLEET_CALIBRATION_INTERVAL_SECONDS": "0",
         })
         env.update(self.env_overrides)
@@ -151,6 +151,26 @@ class Coordinator:
     def admin(self) -> httpx.Client:
         return httpx.Client(base_url=self.url + "/api/v1", timeout=30.0,
                             headers={"Authorization": f"Bearer {self.admin_token}"})
+
+    def settle(self, timeout: float = 30.0) -> None:
+        """Until the background loop has run the reactions (result hooks) of every stored result."""
+        from sqlalchemy import func, select
+
+        from kernelfleet.service.db import make_engine
+        from kernelfleet.service.models import ResultEvent
+
+        engine = make_engine(self.db_url)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                with engine.connect() as conn:
+                    if not conn.scalar(select(func.count()).select_from(ResultEvent)):
+                        return
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"result reactions still queued after {timeout} s")
+                time.sleep(0.05)
+        finally:
+            engine.dispose()
 
     def profile(self, chip: str, *, min_version: int = 1, timeout: float = 30.0,
                 **params: str) -> dict[str, object]:

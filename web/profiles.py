@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from kernelfleet.service.deps import DbDep
 from kernelfleet.service.models import Profile, Result
+from kernelfleet.service.profiles import counts
 from kernelfleet.web.render import db_clock, page
 from kernelfleet.web.routing import page_router
 
@@ -31,7 +32,9 @@ class ProfileRow:
     etag: str
     created_at: datetime
     entries: int
-    predicted: int
+    measured: int
+    predicted: int  # predicted entries with a predicted config
+    fallback: int  # predicted entries that fell back to the built-in
     runs_since: int
 
 
@@ -66,7 +69,9 @@ def _latest_profiles(session: Session) -> list[ProfileRow]:
     )
     out = []
     for r in rows:
-        entries = (bodies.get(r.id) or {}).get("entries") or []
+        body = bodies.get(r.id) or {}
+        entries = body.get("entries") or []
+        n = counts(body)
         since = (
             session.scalar(
                 select(func.count())
@@ -84,7 +89,9 @@ def _latest_profiles(session: Session) -> list[ProfileRow]:
                 r.etag,
                 r.created_at,
                 len(entries),
-                sum(1 for e in entries if isinstance(e, dict) and e.get("predicted")),
+                n["measured"],
+                n["predicted"],
+                n["fallback"],
                 int(since),
             )
         )

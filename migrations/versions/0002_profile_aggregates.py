@@ -1,7 +1,8 @@
 """profile aggregates
 
 Incremental per-config statistics (``config_stats``), the background profile builder's queue and
-log (``profile_requests``, ``profile_builds``), prediction calibrations, ``results.measured_at`` and
+log (``profile_requests``, ``profile_builds``), the queue of results whose reactions (regression
+detection) run in the background (``result_events``), prediction calibrations, ``results.measured_at`` and
 idempotent import (one stored result per imported report digest).
 
 Data steps: earlier duplicate imports (the same report imported twice) are kept but marked
@@ -96,6 +97,13 @@ def upgrade() -> None:
     with op.batch_alter_table('profile_requests', schema=None) as batch_op:
         batch_op.create_index(batch_op.f('ix_profile_requests_chip'), ['chip'], unique=False)
 
+    op.create_table('result_events',
+    sa.Column('id', sa.Integer(), nullable=False),
+    sa.Column('result_id', sa.Integer(), nullable=False),
+    sa.Column('created_at', sa.DateTime(timezone=True), server_default=sa.text('(CURRENT_TIMESTAMP)'), nullable=False),
+    sa.ForeignKeyConstraint(['result_id'], ['results.id'], name=op.f('fk_result_events_result_id_results'), ondelete='CASCADE'),
+    sa.PrimaryKeyConstraint('id', name=op.f('pk_result_events'))
+    )
     with op.batch_alter_table('results', schema=None) as batch_op:
         batch_op.add_column(sa.Column('measured_at', sa.DateTime(timezone=True), nullable=True))
     op.execute(
@@ -131,6 +139,7 @@ def downgrade() -> None:
         batch_op.drop_index(batch_op.f('ix_profile_requests_chip'))
 
     op.drop_table('profile_requests')
+    op.drop_table('result_events')
     with op.batch_alter_table('profile_builds', schema=None) as batch_op:
         batch_op.drop_index('ix_profile_builds_chip_started')
 

@@ -15,9 +15,8 @@ from fastapi.concurrency import run_in_threadpool
 
 from kernelfleet.service import leasing
 from kernelfleet.service.auth import WorkerCall
-from kernelfleet.service.completion import Completion, complete
+from kernelfleet.service.completion import complete
 from kernelfleet.service.deps import SettingsDep, WorkerCallDep
-from kernelfleet.service.hooks import run_result_hooks
 from kernelfleet.service.longpoll import LeaseWaiters
 from kernelfleet.service.models import Backend
 from kernelfleet.service.schemas import (
@@ -91,21 +90,17 @@ def heartbeat(job_id: int, body: LeaseTokenIn, call: WorkerCallDep, settings: Se
     return HeartbeatOut(lease_expires_at=expires)
 
 
-def _store_result(call: WorkerCall, job_id: int, body: CompleteIn) -> Completion:
-    done = complete(call, job_id, body.lease_token, body.report)
-    if done.created:  # committed; hooks (e.g. regression detection) run before we answer
-        run_result_hooks(call.session_factory, int(done.response["result_id"]))
-    return done
-
-
 @router.post("/jobs/{job_id}/result", status_code=status.HTTP_201_CREATED,
              responses={200: {"model": CompleteOut, "description": "a replay of an accepted result"}})
 async def result(job_id: int, body: CompleteIn, call: WorkerCallDep, request: Request,
                  response: Response) -> CompleteOut:
-    """Store the report as the job's result. At most ``KERNELFLEET_RESULT_CONCURRENCY`` results are
-    stored at once per process, on threads of their own, so heartbeats and leases keep flowing."""
+    """Store the result with the job's completion; its reactions (regression detection) and the
+    chip's profile follow in the background (service/background.py). At most
+    ``KERNELFLEET_RESULT_CONCURRENCY`` results are stored at once per process, on threads of their
+    own, so heartbeats and leases keep flowing."""
     limiter: anyio.CapacityLimiter = request.app.state.result_limiter
-    done = await anyio.to_thread.run_sync(_store_result, call, job_id, body, limiter=limiter)
+    done = await anyio.to_thread.run_sync(complete, call, job_id, body.lease_token, body.report,
+                                          limiter=limiter)
     if not done.created:
         response.status_code = status.HTTP_200_OK
     return CompleteOut.model_validate(done.response)

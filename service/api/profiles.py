@@ -25,7 +25,7 @@ from kernelfleet.service.db import immediate
 from kernelfleet.service.deps import DashboardDep, DbDep
 from kernelfleet.service.errors import NotFound
 from kernelfleet.service.models import ConfigStat, Profile, ProfileRequest
-from kernelfleet.service.profiles import latest
+from kernelfleet.service.profiles import counts, latest
 from kernelfleet.service.schemas import UtcTime
 
 router = APIRouter(tags=["profiles"])
@@ -56,14 +56,6 @@ def _etag_matches(header: str | None, etag: str) -> bool:
         return False
     tags = [t.strip().removeprefix("W/").strip('"') for t in header.split(",")]
     return "*" in tags or etag in tags
-
-
-def counts(body: dict[str, Any]) -> dict[str, int]:
-    entries = body.get("entries", [])
-    predicted = [e for e in entries if e.get("predicted")]
-    return {"measured": len(entries) - len(predicted),
-            "predicted": sum(1 for e in predicted if "fallback" not in e),
-            "fallback": sum(1 for e in predicted if "fallback" in e)}
 
 
 @router.get("/profiles")
@@ -146,9 +138,9 @@ def get_profile(
             if not allow_predicted:
                 raise _no_data(session, chip, mlx_version)
             if row is None:
-                if chips.backend_of(chip) is None:
-                    raise NotFound(f"chip {chip!r} is not in the chip table and has no results: nothing to "
-                                   f"predict it from")
+                if chips.lookup(chip) is None:  # bounded: only the chip table's names get such profiles
+                    raise NotFound(f"chip {chip!r} is not in the chip table (service/chips.py) and has no "
+                                   f"results: nothing to predict it from")
                 return _queue(session, chip, True)
         assert row is not None
         headers = {"ETag": f'"{row.etag}"', "Cache-Control": "no-cache"}

@@ -10,7 +10,6 @@ from sqlalchemy import select
 
 from kernelfleet.service.db import immediate
 from kernelfleet.service.deps import AdminDep, DbDep
-from kernelfleet.service.hooks import run_result_hooks
 from kernelfleet.service.models import Result
 from kernelfleet.service.reports import store_report
 from kernelfleet.service.schemas import ImportIn, ImportOut
@@ -37,6 +36,4 @@ def import_results(body: ImportIn, _: AdminDep, db: DbDep) -> ImportOut:
                 known[digest] = row.id
                 new.append(row.id)
             ids.append(known[digest])
-    for result_id in new:
-        run_result_hooks(db, result_id)
     return ImportOut(imported=len(new), duplicates=len(ids) - len(new), result_ids=ids)

@@ -192,6 +192,9 @@ def test_predicted_only_profile_on_request_and_never_slower_than_builtin(coordin
     with coordinator.client() as c:
         [listed] = [p for p in c.get("/profiles").json() if p["chip"] == "Apple M4 Max"]
         assert listed["measured"] == 0 and listed["pull_command"].endswith("--allow-predicted")
+        # only chips of the chip table get predicted-only profiles (anyone may ask: keep it bounded)
+        made_up = c.get("/profiles/" + quote("Apple M99 Hyper"), params={"allow_predicted": "true"})
+        assert made_up.status_code == 404 and "not in the chip table" in made_up.json()["detail"]
 
 
 def test_profiles_never_cross_backends(coordinator_factory: Any) -> None:

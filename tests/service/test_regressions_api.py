@@ -111,6 +111,7 @@ def run_leased_job(worker: httpx.Client, report: dict[str, Any]) -> dict[str, An
 
 
 def regressions(coordinator: Any, **params: str) -> list[dict[str, Any]]:
+    coordinator.settle()  # the detector runs in the background loop, right after each result
     with coordinator.client() as c:
         r = c.get("/regressions", params=params)
     assert r.status_code == 200, r.text

@@ -1,0 +1,76 @@
+"""Reactions to stored results, off the request path: the result hooks run in the background.
+
+Storing a result queues a ``result_events`` row in the result's own transaction. Every
+:attr:`Settings.background_interval_seconds`, :func:`run_pending` (one drainer at a time: an
+advisory lock on PostgreSQL, a file lock on SQLite) takes the queued events in id order, runs every
+registered hook (:mod:`kernelfleet.service.hooks`; e.g. regression detection) for each result and
+deletes the events it handled. Results are judged one after the other in the order they were
+stored, as before, and a result request answers as soon as its own transaction has committed.
+Delivery is at least once: a process killed mid-batch leaves its events queued for the next pass.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from kernelfleet.service.db import db_now, immediate, is_sqlite
+from kernelfleet.service.hooks import run_result_hooks
+from kernelfleet.service.locks import file_lock, pg_try_lock
+from kernelfleet.service.models import ResultEvent
+
+logger = logging.getLogger(__name__)
+
+BATCH = 200
+
+
+def _drain(factory: sessionmaker[Session], session: Session, sqlite: bool) -> int:
+    events = session.execute(
+        select(ResultEvent.id, ResultEvent.result_id).order_by(ResultEvent.id).limit(BATCH)
+    ).all()
+    if sqlite:  # end the read snapshot: the hooks write, and an older snapshot could not write after
+        session.rollback()
+    for _, result_id in events:
+        run_result_hooks(factory, result_id)
+    if events:
+        done = delete(ResultEvent).where(ResultEvent.id <= events[-1].id)
+        if sqlite:
+            with immediate(session):
+                session.execute(done)
+        else:
+            session.execute(done)
+    return len(events)
+
+
+def run_pending(factory: sessionmaker[Session]) -> int:
+    """Run the hooks of every queued result (in batches); returns how many results were handled."""
+    total = 0
+    while True:
+        with factory() as session:
+            if is_sqlite(session.get_bind().engine):
+                with file_lock(session, "reactions") as mine:
+                    if not mine:
+                        return total
+                    done = _drain(factory, session, sqlite=True)
+            else:
+                with session.begin():  # the drainer's lock lasts until this transaction ends
+                    if not pg_try_lock(session, "reactions"):
+                        return total
+                    done = _drain(factory, session, sqlite=False)
+        total += done
+        if done < BATCH:
+            return total
+
+
+def lag_seconds(session: Session) -> float:
+    """How long the oldest queued result has waited for its reactions (0 when none waits)."""
+    oldest = session.scalar(select(func.min(ResultEvent.created_at)))
+    if oldest is None:
+        return 0.0
+    now = session.scalar(select(db_now()))
+    assert now is not None
+    if oldest.tzinfo is None and now.tzinfo is not None:
+        now = now.replace(tzinfo=None)
+    return max(0.0, (now - oldest).total_seconds())

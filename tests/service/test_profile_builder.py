@@ -1,0 +1,103 @@
+"""Profile building is background work: a slow build never holds up results, leases or heartbeats,
+and two coordinator replicas on one database never build the same chip's profile at once."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from conftest import Coordinator
+from coordinator_helpers import create_campaign, enroll, lease, make_report, shapes
+from sqlalchemy import select
+
+from kernelfleet.service.db import make_engine
+from kernelfleet.service.models import ProfileBuild, ProfileRequest, Result
+
+CHIP = "NVIDIA H100 80GB HBM3"
+
+
+def _utc(value: datetime) -> datetime:
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def _rows(coordinator: Coordinator, query: Any) -> list[Any]:
+    engine = make_engine(coordinator.db_url)
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(query).all())
+    finally:
+        engine.dispose()
+
+
+def _wait_idle(coordinator: Coordinator, timeout: float = 60.0) -> None:
+    """Until the builders have answered every queued request."""
+    deadline = time.monotonic() + timeout
+    while _rows(coordinator, select(ProfileRequest.id)):
+        assert time.monotonic() < deadline, "profile requests still queued"
+        time.sleep(0.2)
+
+
+def test_a_slow_build_holds_up_no_request(coordinator_factory: Any) -> None:
+    delay = 6.0
+    coordinator = coordinator_factory(KERNELFLEET_PROFILE_BUILD_DELAY_SECONDS=str(delay))
+    jobs = 6
+    create_campaign(coordinator, shapes=shapes(jobs))
+    _, token = enroll(coordinator)
+    with coordinator.admin() as admin:  # something to build: the first build starts within 0.2 s
+        assert admin.post("/results/import", json={"reports": [make_report()]}).status_code == 201
+    time.sleep(1.0)
+    slowest = 0.0
+    with coordinator.client(token) as c:
+        for _ in range(jobs):
+            t = time.monotonic()
+            got = lease(c)
+            assert got is not None
+            hb = c.post(f"/jobs/{got['job_id']}/heartbeat", json={"lease_token": got["lease_token"]})
+            assert hb.status_code == 200, hb.text
+            report = make_report(kernel=got["kernel"], shape=got["shape"], dtype=got["dtype"])
+            r = c.post(f"/jobs/{got['job_id']}/result",
+                       json={"lease_token": got["lease_token"], "report": report})
+            assert r.status_code == 201, r.text
+            slowest = max(slowest, time.monotonic() - t)
+    # each lease + heartbeat + result round took far less than one build: none waited for a build
+    assert slowest < delay / 2, f"a lease/heartbeat/result round took {slowest:.1f} s"
+    _wait_idle(coordinator)
+    builds = _rows(coordinator, select(ProfileBuild.started_at, ProfileBuild.finished_at))
+    leased = select(Result.created_at).where(Result.source == "lease")
+    stored = [_utc(t) for (t,) in _rows(coordinator, leased)]
+    assert all((_utc(f) - _utc(s)).total_seconds() >= delay - 0.5 for s, f in builds)
+    # and results were stored while a build was running (they did not queue behind it)
+    during = [t for t in stored if any(_utc(s) < t < _utc(f) for s, f in builds)]
+    assert during, f"no result stored during a build: builds {builds}, results {stored}"
+    # the results of those 6 jobs were coalesced into fewer builds than results
+    assert len(builds) < jobs + 1
+
+
+def test_two_replicas_never_build_one_chip_at_once(coordinator_factory: Any) -> None:
+    env = {"KERNELFLEET_PROFILE_BUILD_DELAY_SECONDS": "0.4"}
+    first, second = coordinator_factory(**env), coordinator_factory(**env)
+    chips = [CHIP, "NVIDIA H200", "NVIDIA A100 80GB"]
+    for round_ in range(8):
+        target = (first, second)[round_ % 2]
+        with target.admin() as admin:
+            reports = [make_report(chip=chip, shape=f"{round_ + 1}x4096", median=10.0 + round_)
+                       for chip in chips]
+            assert admin.post("/results/import", json={"reports": reports}).status_code == 201
+        time.sleep(0.3)
+    _wait_idle(first)
+    builds = _rows(first, select(ProfileBuild.chip, ProfileBuild.builder, ProfileBuild.started_at,
+                                 ProfileBuild.finished_at).order_by(ProfileBuild.started_at))
+    assert {b.chip for b in builds} == set(chips)
+    for chip in chips:
+        mine = [b for b in builds if b.chip == chip]
+        for earlier, later in zip(mine, mine[1:], strict=False):
+            assert _utc(later.started_at) >= _utc(earlier.finished_at), (
+                f"{chip}: a build by {later.builder} started before {earlier.builder}'s finished")
+    if "postgresql" in first.db_url:  # per-chip locks: both replicas take part
+        assert len({b.builder for b in builds}) == 2
+    # every chip's final profile holds all 8 rounds' shapes
+    for chip in chips:
+        body = first.profile(chip)
+        measured = {e["shape"] for e in body["entries"] if not e["predicted"]}
+        assert {f"{n}x4096" for n in range(1, 9)} <= measured
