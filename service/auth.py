@@ -23,7 +23,13 @@ ADMIN_PREFIX = "kfa_"
 ENROLL_PREFIX = "kfe_"
 WORKER_PREFIX = "kfw_"
 LEASE_PREFIX = "kfl_"
-SEEN_EVERY_SECONDS = 15.0  # a worker's last_heartbeat_at is refreshed at most this often
+SEEN_EVERY_SECONDS = 15.0  # a worker's last_heartbeat_at is refreshed at most this often...
+SEEN_FRACTION = 0.1  # ...and at least every tenth of the offline threshold (the fleet page's status)
+
+
+def seen_every(offline_after_seconds: float) -> float:
+    """How stale ``last_heartbeat_at`` may get before a request refreshes it."""
+    return min(SEEN_EVERY_SECONDS, offline_after_seconds * SEEN_FRACTION)
 
 
 def new_token(prefix: str) -> str:
@@ -58,18 +64,19 @@ def _find_worker(session: Session, token: str) -> Worker | None:
     return worker
 
 
-def authenticate_worker(session: Session, token: str | None) -> Worker:
+def authenticate_worker(session: Session, token: str | None,
+                        refresh_after: float = SEEN_EVERY_SECONDS) -> Worker:
     """The worker owning ``token``; records that it was seen (database clock). Raises 401 otherwise.
 
     Runs inside the caller's transaction: one SELECT through the unique ``token_digest`` index, and
-    an UPDATE of ``last_heartbeat_at`` only when it is older than :data:`SEEN_EVERY_SECONDS` (a
-    write, and a row lock, on every request would serialise a worker's concurrent requests and cost
-    a write per heartbeat for nothing: the fleet page resolves online/offline in minutes).
+    an UPDATE of ``last_heartbeat_at`` only when it is older than ``refresh_after`` seconds (see
+    :func:`seen_every`; a write, and a row lock, on every request would serialise a worker's
+    concurrent requests and cost a write per heartbeat for nothing).
     """
     if token is None:
         raise Unauthorized("missing worker token: send `Authorization: Bearer <worker token>`")
     wanted = digest(token)
-    stale = or_(Worker.last_heartbeat_at.is_(None), Worker.last_heartbeat_at < db_now(-SEEN_EVERY_SECONDS))
+    stale = or_(Worker.last_heartbeat_at.is_(None), Worker.last_heartbeat_at < db_now(-refresh_after))
     row = session.execute(select(Worker, stale.label("stale")).where(Worker.token_digest == wanted)).first()
     if row is None or not hmac.compare_digest(row.Worker.token_digest, wanted):
         raise Unauthorized("invalid worker token: enroll again with `kernelfleet worker --enroll-token ...`")
@@ -94,11 +101,12 @@ class WorkerCall:
 
     session_factory: sessionmaker[Session]
     token: str | None
+    refresh_after: float = SEEN_EVERY_SECONDS  # see seen_every()
 
     @contextmanager
     def transaction(self) -> Iterator[tuple[Session, Worker]]:
         with self.session_factory() as session, immediate(session):
-            yield session, authenticate_worker(session, self.token)
+            yield session, authenticate_worker(session, self.token, self.refresh_after)
 
 
 def authenticate_admin(session_factory: sessionmaker[Session], token: str | None,

@@ -18,7 +18,7 @@ from fastapi import Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session, sessionmaker
 
-from kernelfleet.service.auth import WorkerCall, authenticate_admin, bearer_token, is_admin_token
+from kernelfleet.service.auth import WorkerCall, authenticate_admin, bearer_token, is_admin_token, seen_every
 from kernelfleet.service.settings import Settings
 
 ADMIN_COOKIE = "kernelfleet_admin"
@@ -42,8 +42,9 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 DbDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
 
 
-async def worker_call(request: Request, db: DbDep) -> WorkerCall:
-    return WorkerCall(db, bearer_token(request.headers.get("authorization")))
+async def worker_call(request: Request, db: DbDep, settings: SettingsDep) -> WorkerCall:
+    return WorkerCall(db, bearer_token(request.headers.get("authorization")),
+                      seen_every(settings.worker_offline_after_seconds))
 
 
 async def require_admin(request: Request, db: DbDep, settings: SettingsDep) -> None:
