@@ -1,6 +1,7 @@
 """API schemas (pydantic), separate from the ORM rows in :mod:`kernelfleet.service.models`.
 
-Every request model forbids unknown fields and non-finite floats and bounds its strings and lists.
+Every request model forbids unknown fields, non-finite floats and NUL characters, bounds its strings
+and lists, and is strict: ``true`` is not a number, ``"5"`` is not an int, ``1`` is not a bool.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, model_validator
+from pydantic_core import PydanticCustomError
 
 MAX_TRIALS = 512
 MAX_SAMPLES = 1000
@@ -21,7 +23,35 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    """Base of every request model. ``strict=True``: in strict mode pydantic refuses ISO strings for
+    ``datetime`` fields of request bodies (FastAPI validates parsed JSON), so give such a field
+    ``Field(strict=False)``."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: Any) -> Any:
+        where = _find_nul(data, ())
+        if where is not None:  # PostgreSQL cannot store NUL in text: refuse it for both databases
+            raise PydanticCustomError("string_nul", "{where} must not contain NUL characters (\\u0000)",
+                                      {"where": ".".join(where) or "a string"})
+        return data
+
+
+def _find_nul(value: Any, path: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The path of the first string (or key) holding a NUL character, or None."""
+    if isinstance(value, str):
+        return path if "\x00" in value else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(key, str) and "\x00" in key:
+            return (*path, key.replace("\x00", "\\u0000"))
+        if isinstance(item, str | dict | list):  # numbers (most of a report) need no look
+            found = _find_nul(item, (*path, str(key)))
+            if found is not None:
+                return found
+    return None
 
 
 def _check_shape(text: str) -> str:
@@ -145,8 +175,9 @@ def canonical_digest(data: Any) -> str:
 # ---- health ----
 
 class Health(BaseModel):
-    status: str
-    database: str
+    status: Literal["ok", "degraded"]
+    database: Literal["ok", "unreachable", "read-only"]
+    detail: str | None = None
 
 
 # ---- enrollment and workers ----

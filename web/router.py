@@ -74,7 +74,8 @@ def login(
     target = next if next.startswith("/") and not next.startswith("//") else "/"
     response = RedirectResponse(target, status_code=303)
     response.set_cookie(
-        ADMIN_COOKIE, token.strip(), httponly=True, samesite="strict", secure=request.url.scheme == "https"
+        ADMIN_COOKIE, token.strip(), httponly=True, samesite="strict",
+        secure=request.url.scheme == "https" or settings.resolved_public_url.startswith("https:"),
     )
     return response
 

@@ -70,7 +70,8 @@ def list_profiles(_: DashboardDep, session: SessionDep) -> list[ProfileSummary]:
     return out
 
 
-@router.get("/profiles/{chip}", response_model=None)
+@router.get("/profiles/{chip}", response_model=None,
+            responses={304: {"description": "the If-None-Match ETag is current"}})
 def get_profile(
     chip: str,
     request: Request,
