@@ -25,6 +25,7 @@ from kernelfleet.service.params import reject_nul
 from kernelfleet.service.reaper import run_reaper
 from kernelfleet.service.security_headers import SecurityHeadersMiddleware
 from kernelfleet.service.settings import Settings
+from kernelfleet.web.plotly_styles import plotly_style_hashes
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(JsonErrorMiddleware)
     app.add_middleware(MetricsMiddleware)
-    app.add_middleware(SecurityHeadersMiddleware)
+    app.add_middleware(SecurityHeadersMiddleware, style_hashes=plotly_style_hashes())
     install_error_handlers(app)
 
     for module in API_ROUTERS:

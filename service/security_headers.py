@@ -1,32 +1,24 @@
 """Security headers on every response (API, dashboard pages, static files, errors).
 
-The dashboard loads scripts and styles only from this coordinator (``/static/``); its charts'
-data sit in ``<script type="application/json">`` blocks, which browsers never run. Two allowances:
+The dashboard loads scripts and styles only from this coordinator (``/static/``); its charts' data
+sit in ``<script type="application/json">`` blocks, which browsers never run, and its templates
+carry no inline script, event handler or style attribute (no ``'unsafe-inline'`` anywhere; the
+browser tests fail on any CSP violation in the console). What the policy still allows:
 
-- ``style-src`` lists the hash of the *empty* string: plotly.js appends an empty ``<style>``
-  element and fills it with ``CSSStyleSheet.insertRule``, which CSP does not govern; the hash lets
-  only an empty inline style element through, so no injected CSS text can apply.
-- ``/docs`` and ``/redoc`` (FastAPI's API explorers) load Swagger UI / ReDoc from
-  cdn.jsdelivr.net and start it with an inline script, so those two pages get their own, looser
-  policy. They show only the OpenAPI schema, never stored data.
+- ``style-src`` hashes: the style elements plotly.js creates when it loads (fixed text in the
+  bundle we serve; :mod:`kernelfleet.web.plotly_styles` hashes them from that file). plotly.js
+  otherwise styles its SVG through the CSSOM, which CSP does not govern.
+- ``/docs`` and ``/redoc`` (FastAPI's API explorers) load Swagger UI / ReDoc from cdn.jsdelivr.net
+  and start it with an inline script, so those pages get their own, looser policy. They show only
+  the OpenAPI schema, never stored data.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-EMPTY_STYLE_HASH = "'sha256-47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU='"  # sha256 of ""
-
-CSP = "; ".join((
-    "default-src 'self'",
-    "script-src 'self'",
-    f"style-src 'self' {EMPTY_STYLE_HASH}",
-    "img-src 'self' data:",
-    "object-src 'none'",
-    "base-uri 'none'",
-    "form-action 'self'",
-    "frame-ancestors 'none'",
-))
 DOCS_CDN = "https://cdn.jsdelivr.net"
 DOCS_CSP = "; ".join((
     "default-src 'self'",
@@ -41,27 +33,35 @@ DOCS_CSP = "; ".join((
 DOCS_PATHS = ("/docs", "/redoc")
 
 
-def security_headers(path: str) -> list[tuple[bytes, bytes]]:
-    csp = DOCS_CSP if path in DOCS_PATHS or path.startswith("/docs/") else CSP
-    return [
-        (b"content-security-policy", csp.encode()),
-        (b"x-frame-options", b"DENY"),
-        (b"x-content-type-options", b"nosniff"),
-        (b"referrer-policy", b"same-origin"),
-    ]
+def content_security_policy(style_hashes: Sequence[str] = ()) -> str:
+    return "; ".join((
+        "default-src 'self'",
+        "script-src 'self'",
+        " ".join(("style-src 'self'", *style_hashes)),
+        "img-src 'self' data:",
+        "object-src 'none'",
+        "base-uri 'none'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    ))
 
 
 class SecurityHeadersMiddleware:
     """Adds the headers to every HTTP response that does not set them itself."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, style_hashes: Sequence[str] = ()) -> None:
         self.app = app
+        common = [(b"x-frame-options", b"DENY"), (b"x-content-type-options", b"nosniff"),
+                  (b"referrer-policy", b"same-origin")]
+        self.headers = [(b"content-security-policy", content_security_policy(style_hashes).encode()), *common]
+        self.docs_headers = [(b"content-security-policy", DOCS_CSP.encode()), *common]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        extra = security_headers(scope["path"])
+        path = scope["path"]
+        extra = self.docs_headers if path in DOCS_PATHS or path.startswith("/docs/") else self.headers
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -7,7 +7,8 @@ import httpx
 from conftest import Coordinator
 from coordinator_helpers import make_report
 
-from kernelfleet.service.security_headers import CSP, DOCS_CSP
+from kernelfleet.service.security_headers import DOCS_CSP, content_security_policy
+from kernelfleet.web.plotly_styles import plotly_style_hashes
 
 SPOOF = {"Host": "evil.example:666", "X-Forwarded-Host": "evil.example:666", "X-Forwarded-Proto": "https",
          "X-Forwarded-For": "203.0.113.9", "Forwarded": "host=evil.example;proto=https"}
@@ -48,8 +49,9 @@ def test_login_cookie_is_secure_behind_an_https_public_url(coordinator_factory) 
 
 
 def test_security_headers_on_every_kind_of_response(coordinator: Coordinator) -> None:
-    expected = {"content-security-policy": CSP, "x-frame-options": "DENY",
-                "x-content-type-options": "nosniff", "referrer-policy": "same-origin"}
+    expected = {"content-security-policy": content_security_policy(plotly_style_hashes()),
+                "x-frame-options": "DENY", "x-content-type-options": "nosniff",
+                "referrer-policy": "same-origin"}
     with httpx.Client(base_url=coordinator.url, timeout=30.0) as http:
         responses = {
             "HTML page": http.get("/"),
