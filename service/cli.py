@@ -60,7 +60,7 @@ def serve(
                                                "machine, enrolled automatically")] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
 ) -> None:
-    """Run the coordinator (API under /api/v1, docs under /docs, health at /healthz)."""
+    """Run the coordinator (API under /api/v1, docs under /docs, health at /healthz, metrics at /metrics)."""
     from kernelfleet.service.app import create_app
     from kernelfleet.service.local_admin import admin_token_path, ensure_admin_token
     from kernelfleet.service.migrate import SchemaNotCurrent

@@ -14,8 +14,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
+from kernelfleet.service.asgi import HttpMiddleware, ResponseWatch
 from kernelfleet.service.errors import CoordinatorError
 from kernelfleet.service.limits import describe_validation_errors
 
@@ -82,29 +83,16 @@ def install_error_handlers(app: FastAPI) -> None:
         return _json(500, INTERNAL_ERROR)
 
 
-class JsonErrorMiddleware:
+class JsonErrorMiddleware(HttpMiddleware):
     """Turns an exception no handler took into a JSON 500 (and logs it). It sits inside the security
     headers and metrics middleware, so that 500 carries the headers and is counted."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        watch = ResponseWatch(send)
         try:
-            await self.app(scope, receive, tracking_send)
+            await self.app(scope, receive, watch)
         except Exception:
             logger.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
-            if started:  # too late to answer: let the server close the connection
+            if watch.started:  # too late to answer: let the server close the connection
                 raise
             await _json(500, INTERNAL_ERROR)(scope, receive, send)

@@ -24,8 +24,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session, sessionmaker
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
+from kernelfleet.service.asgi import HttpMiddleware, ResponseWatch
 from kernelfleet.service.db import db_now
 from kernelfleet.service.models import Job, JobState
 from kernelfleet.service.routes import template_of
@@ -58,28 +59,16 @@ def record_reaper_pass(moved_states: Iterable[str]) -> None:
     REAPER_LAST_PASS.set(time.time())
 
 
-class MetricsMiddleware:
+class MetricsMiddleware(HttpMiddleware):
     """Counts and times every HTTP request under its route template."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = time.perf_counter()
-        status = 500  # an exception that escaped every handler ends as the server's 500
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
+        watch = ResponseWatch(send)
         try:
-            await self.app(scope, receive, tracking_send)
+            await self.app(scope, receive, watch)
         finally:
+            status = watch.status or 500  # no response: the server answers 500
             route = template_of(scope["app"], scope.get("route")) if "app" in scope else None
             route = route or UNMATCHED
             method = scope["method"] if scope["method"] in METHODS else "other"

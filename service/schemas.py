@@ -12,7 +12,15 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 MAX_TRIALS = 512
@@ -29,29 +37,24 @@ class Strict(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
-    @model_validator(mode="before")
+    @field_validator("*", mode="after")
     @classmethod
-    def _no_nul(cls, data: Any) -> Any:
-        where = _find_nul(data, ())
-        if where is not None:  # PostgreSQL cannot store NUL in text: refuse it for both databases
-            raise PydanticCustomError("string_nul", "{where} must not contain NUL characters (\\u0000)",
-                                      {"where": ".".join(where) or "a string"})
-        return data
+    def _no_nul(cls, value: Any) -> Any:
+        if _has_nul(value):  # PostgreSQL cannot store NUL in text: refuse it for both databases
+            raise PydanticCustomError("string_nul", "must not contain NUL characters (\\u0000)")
+        return value
 
 
-def _find_nul(value: Any, path: tuple[str, ...]) -> tuple[str, ...] | None:
-    """The path of the first string (or key) holding a NUL character, or None."""
+def _has_nul(value: Any) -> bool:
+    """A NUL in a validated field: a string, a list of strings, a dict's keys or values. Nested
+    models check their own fields; lists of numbers (most of a report) are not looked through."""
     if isinstance(value, str):
-        return path if "\x00" in value else None
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        if isinstance(key, str) and "\x00" in key:
-            return (*path, key.replace("\x00", "\\u0000"))
-        if isinstance(item, str | dict | list):  # numbers (most of a report) need no look
-            found = _find_nul(item, (*path, str(key)))
-            if found is not None:
-                return found
-    return None
+        return "\x00" in value
+    if isinstance(value, list):
+        return bool(value) and isinstance(value[0], str) and any("\x00" in v for v in value)
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    return False
 
 
 def _check_shape(text: str) -> str:

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kernelfleet.service.asgi import HttpMiddleware
+
 DOCS_CDN = "https://cdn.jsdelivr.net"
 DOCS_CSP = "; ".join((
     "default-src 'self'",
@@ -46,20 +48,17 @@ def content_security_policy(style_hashes: Sequence[str] = ()) -> str:
     ))
 
 
-class SecurityHeadersMiddleware:
+class SecurityHeadersMiddleware(HttpMiddleware):
     """Adds the headers to every HTTP response that does not set them itself."""
 
     def __init__(self, app: ASGIApp, style_hashes: Sequence[str] = ()) -> None:
-        self.app = app
+        super().__init__(app)
         common = [(b"x-frame-options", b"DENY"), (b"x-content-type-options", b"nosniff"),
                   (b"referrer-policy", b"same-origin")]
         self.headers = [(b"content-security-policy", content_security_policy(style_hashes).encode()), *common]
         self.docs_headers = [(b"content-security-policy", DOCS_CSP.encode()), *common]
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         extra = self.docs_headers if path in DOCS_PATHS or path.startswith("/docs/") else self.headers
 
