@@ -52,17 +52,20 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Address to bind "
                                              "(default KERNELFLEET_HOST or 127.0.0.1)")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default KERNELFLEET_PORT or 8600)")] = None,
+    public_url: Annotated[str | None, typer.Option(
+        help="The address users and workers reach this coordinator at, shown in the dashboard's pull "
+             "commands (default KERNELFLEET_PUBLIC_URL, else http://HOST:PORT)")] = None,
     database_url: DatabaseUrl = None,
     local_worker: Annotated[bool, typer.Option("--local-worker", help="Also run one worker agent on this "
                                                "machine, enrolled automatically")] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
 ) -> None:
-    """Run the coordinator (API under /api/v1, docs under /docs, health at /healthz)."""
+    """Run the coordinator (API under /api/v1, docs under /docs, health at /healthz, metrics at /metrics)."""
     from kernelfleet.service.app import create_app
     from kernelfleet.service.local_admin import admin_token_path, ensure_admin_token
     from kernelfleet.service.migrate import SchemaNotCurrent
 
-    settings = _settings(host=host, port=port, database_url=database_url)
+    settings = _settings(host=host, port=port, database_url=database_url, public_url=public_url)
     try:
         app = create_app(settings)
     except SchemaNotCurrent as e:
@@ -80,12 +83,11 @@ def serve(
                   f"shown only this once):\n  {token}", highlight=False, soft_wrap=True)
     elif token is None:
         err.print("[yellow]warning:[/] no KERNELFLEET_ADMIN_TOKEN is set: admin routes refuse every request")
-    url_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                             proxy_headers=True, timeout_graceful_shutdown=10)
     worker = None
     if local_worker:
-        worker = LocalWorker(app.state.session_factory, f"http://{url_host}:{settings.port}",
+        worker = LocalWorker(app.state.session_factory, settings.local_url,
                              settings.resolved_data_dir())
     server = _Server(config, worker)
     if worker is not None:

@@ -1,5 +1,9 @@
 """Typed FastAPI dependencies: ``SessionDep``, ``SettingsDep``, ``WorkerDep``, ``AdminDep`` and
-``DashboardDep`` (public when ``settings.dashboard_public``, else the admin token)."""
+``DashboardDep`` (public when ``settings.dashboard_public``, else the admin token).
+
+Tokens arrive as ``Authorization: Bearer <token>``, read through FastAPI's ``HTTPBearer`` (so the
+OpenAPI schema declares the scheme); a missing or non-bearer header reaches the authenticators as
+``None``, which answer with their own 401 messages."""
 
 from __future__ import annotations
 
@@ -7,9 +11,10 @@ from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
-from kernelfleet.service.auth import authenticate_admin, authenticate_worker, bearer_token
+from kernelfleet.service.auth import authenticate_admin, authenticate_worker
 from kernelfleet.service.models import Worker
 from kernelfleet.service.settings import Settings
 
@@ -36,20 +41,29 @@ SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def require_worker(request: Request, session: SessionDep) -> Worker:
-    return authenticate_worker(session, bearer_token(request.headers.get("authorization")))
+bearer_scheme = HTTPBearer(auto_error=False, description="the admin token or a worker's token")
+BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
 
 
-def require_admin(request: Request, session: SessionDep, settings: SettingsDep) -> None:
-    authenticate_admin(session, bearer_token(request.headers.get("authorization")), settings.admin_token)
+def _token(credentials: HTTPAuthorizationCredentials | None) -> str | None:
+    return credentials.credentials if credentials is not None else None
 
 
-def require_dashboard(request: Request, session: SessionDep, settings: SettingsDep) -> None:
+def require_worker(credentials: BearerDep, session: SessionDep) -> Worker:
+    return authenticate_worker(session, _token(credentials))
+
+
+def require_admin(credentials: BearerDep, session: SessionDep, settings: SettingsDep) -> None:
+    authenticate_admin(session, _token(credentials), settings.admin_token)
+
+
+def require_dashboard(request: Request, credentials: BearerDep, session: SessionDep,
+                      settings: SettingsDep) -> None:
     """Dashboard pages: open when ``dashboard_public``; otherwise the admin token, as a bearer header
     or in the ``kernelfleet_admin`` cookie."""
     if settings.dashboard_public:
         return
-    token = bearer_token(request.headers.get("authorization")) or request.cookies.get(ADMIN_COOKIE)
+    token = _token(credentials) or request.cookies.get(ADMIN_COOKIE)
     authenticate_admin(session, token, settings.admin_token)
 
 

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from kernelfleet.service.deps import SessionDep
 from kernelfleet.service.models import Job, Regression, RegressionStatus, Result
+from kernelfleet.service.params import RowId
 from kernelfleet.web.errors import PageNotFound
 from kernelfleet.web.figures import series_figure
 from kernelfleet.web.render import db_clock, page
@@ -141,7 +142,7 @@ def regressions(
 
 
 @router.get("/regressions/{regression_id}", response_class=HTMLResponse)
-def regression(request: Request, session: SessionDep, regression_id: int) -> HTMLResponse:
+def regression(request: Request, session: SessionDep, regression_id: RowId) -> HTMLResponse:
     reg = session.get(Regression, regression_id)
     if reg is None:
         raise PageNotFound(

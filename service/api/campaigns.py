@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query, status
 
 from kernelfleet.service.campaigns import create_campaign, get_campaign, list_campaigns
 from kernelfleet.service.deps import AdminDep, SessionDep, SettingsDep
+from kernelfleet.service.params import Offset, RowId
 from kernelfleet.service.schemas import CampaignIn, CampaignOut
 
 router = APIRouter(tags=["campaigns"])
@@ -21,10 +22,10 @@ def create(body: CampaignIn, _: AdminDep, session: SessionDep, settings: Setting
 
 @router.get("/campaigns")
 def index(_: AdminDep, session: SessionDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-          offset: Annotated[int, Query(ge=0)] = 0) -> list[CampaignOut]:
+          offset: Offset = 0) -> list[CampaignOut]:
     return list_campaigns(session, limit, offset)
 
 
 @router.get("/campaigns/{campaign_id}")
-def show(campaign_id: int, _: AdminDep, session: SessionDep) -> CampaignOut:
+def show(campaign_id: RowId, _: AdminDep, session: SessionDep) -> CampaignOut:
     return get_campaign(session, campaign_id)

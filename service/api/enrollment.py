@@ -6,6 +6,7 @@ from fastapi import APIRouter, status
 
 from kernelfleet.service.deps import AdminDep, SessionDep, SettingsDep
 from kernelfleet.service.enrollment import enroll_worker, mint_enrollment_token
+from kernelfleet.service.openapi import error_responses
 from kernelfleet.service.schemas import EnrollIn, EnrollOut, EnrollTokenIn, EnrollTokenOut
 
 router = APIRouter(tags=["enrollment"])
@@ -19,7 +20,7 @@ def create_enroll_token(_: AdminDep, session: SessionDep, settings: SettingsDep,
     return EnrollTokenOut(token=token, expires_at=expires_at)
 
 
-@router.post("/workers/enroll", status_code=status.HTTP_201_CREATED)
+@router.post("/workers/enroll", status_code=status.HTTP_201_CREATED, responses=error_responses(401))
 def enroll(body: EnrollIn, session: SessionDep) -> EnrollOut:
     worker_id, token = enroll_worker(session, body)
     return EnrollOut(worker_id=worker_id, token=token)

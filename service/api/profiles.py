@@ -107,7 +107,8 @@ def _queue(session: SessionDep, chip: str, allow_predicted: bool) -> JSONRespons
 
 
 @router.get("/profiles/{chip}", response_model=None,
-            responses={202: {"model": ProfilePending, "description": "being built: retry after Retry-After"}})
+            responses={202: {"model": ProfilePending, "description": "being built: retry after Retry-After"},
+                       304: {"description": "the If-None-Match ETag is current"}})
 def get_profile(
     chip: str,
     request: Request,

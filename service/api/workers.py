@@ -8,6 +8,7 @@ from sqlalchemy import select
 from kernelfleet.service.deps import AdminDep, SessionDep, WorkerDep
 from kernelfleet.service.enrollment import revoke_worker
 from kernelfleet.service.models import Worker
+from kernelfleet.service.params import RowId
 from kernelfleet.service.schemas import WorkerOut
 
 router = APIRouter(tags=["workers"])
@@ -24,5 +25,5 @@ def me(worker: WorkerDep) -> WorkerOut:
 
 
 @router.post("/workers/{worker_id}/revoke")
-def revoke(worker_id: int, _: AdminDep, session: SessionDep) -> WorkerOut:
+def revoke(worker_id: RowId, _: AdminDep, session: SessionDep) -> WorkerOut:
     return WorkerOut.model_validate(revoke_worker(session, worker_id))
