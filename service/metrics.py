@@ -2,8 +2,10 @@
 
 Kept while serving: requests by route template, method and status; latency histograms by route
 template; leases granted; reaper passes. Computed at scrape time: jobs by state (one ``GROUP BY``
-over ``jobs``), leases past their expiry that the reaper has not requeued yet, and the reaper's lag
-(seconds since its last pass).
+over ``jobs``), leases past their expiry that the reaper has not requeued yet, the reaper's lag
+(seconds since its last pass), and the background work's queues (:mod:`kernelfleet.service.background`):
+results waiting for their reactions and chips waiting for a profile build, with the age of the
+oldest of each (the lag).
 
 Labels use the route's template (``/api/v1/jobs/{job_id}/heartbeat``), never the raw path, and
 requests that match no route share ``route="unmatched"``, so label values stay bounded.
@@ -28,7 +30,7 @@ from starlette.types import Receive, Scope, Send
 
 from kernelfleet.service.asgi import HttpMiddleware, ResponseWatch
 from kernelfleet.service.db import db_now
-from kernelfleet.service.models import Job, JobState
+from kernelfleet.service.models import Job, JobState, ProfileRequest, ResultEvent
 from kernelfleet.service.routes import template_of
 
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -93,6 +95,7 @@ class _Scrape:
         yield from kept
         yield _reaper_lag(kept)
         yield from _job_gauges(self.session_factory)
+        yield from _background_gauges(self.session_factory)
 
 
 def _reaper_lag(families: list[Metric]) -> Metric:
@@ -118,3 +121,29 @@ def _job_gauges(session_factory: sessionmaker[Session]) -> Iterator[Metric]:
     yield GaugeMetricFamily("kernelfleet_expired_leases",
                             "Leased jobs past their lease expiry, not yet requeued by the reaper",
                             value=by_state.get(JobState.leased.value, (0, 0))[1])
+
+
+def _background_gauges(session_factory: sessionmaker[Session]) -> Iterator[Metric]:
+    now = db_now()
+    with session_factory() as session:
+        queues = {
+            "reactions": session.execute(select(func.count(), func.min(ResultEvent.created_at), now)).one(),
+            "profiles": session.execute(select(func.count(func.distinct(ProfileRequest.chip)),
+                                               func.min(ProfileRequest.created_at), now)).one(),
+        }
+    depth = GaugeMetricFamily("kernelfleet_background_queue",
+                              "Background work waiting: results whose reactions (regression detection) "
+                              "have not run, chips whose profile awaits a build", labels=["queue"])
+    lag = GaugeMetricFamily("kernelfleet_background_lag_seconds",
+                            "Age of the oldest waiting item of each background queue (0 when empty)",
+                            labels=["queue"])
+    for name, (count, oldest, clock) in queues.items():
+        depth.add_metric([name], int(count or 0))
+        age = 0.0
+        if oldest is not None and clock is not None:
+            if (oldest.tzinfo is None) != (clock.tzinfo is None):
+                oldest, clock = oldest.replace(tzinfo=None), clock.replace(tzinfo=None)
+            age = max(0.0, (clock - oldest).total_seconds())
+        lag.add_metric([name], age)
+    yield depth
+    yield lag

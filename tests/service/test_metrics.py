@@ -115,3 +115,28 @@ def test_multiprocess_mode_and_private_dashboard(coordinator_factory, tmp_path: 
     assert value(samples, REQUESTS, route="/api/v1/workers/me", method="GET", status="200") == 5
     assert value(samples, REQUESTS, route="/metrics", method="GET", status="401") == 1
     assert any(metrics_dir.glob("counter_*.db")), list(metrics_dir.iterdir())
+
+
+def test_background_queues_and_their_lag(coordinator_factory) -> None:  # type: ignore[no-untyped-def]
+    """A slow profile build keeps the other chips waiting: the profiles queue and its lag show them;
+    once the builder is through, both are back to 0."""
+    from coordinator_helpers import make_report
+
+    coordinator: Coordinator = coordinator_factory(KERNELFLEET_PROFILE_BUILD_DELAY_SECONDS="3")
+    chips = ["NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA A100 80GB"]
+    with coordinator.admin() as admin:
+        r = admin.post("/results/import", json={"reports": [make_report(chip=c) for c in chips]})
+        assert r.status_code == 201, r.text
+    wait_for(lambda: value(scrape(coordinator), "kernelfleet_background_lag_seconds", queue="profiles") > 1,
+             "chips waiting behind the first (slow) build")
+    busy = scrape(coordinator)
+    assert 1 <= value(busy, "kernelfleet_background_queue", queue="profiles") <= len(chips)
+    for chip in chips:
+        coordinator.profile(chip, timeout=60)
+    coordinator.settle()
+    wait_for(lambda: value(scrape(coordinator), "kernelfleet_background_queue", queue="profiles") == 0,
+             "the builder to be through")
+    idle = scrape(coordinator)
+    assert value(idle, "kernelfleet_background_lag_seconds", queue="profiles") == 0
+    assert value(idle, "kernelfleet_background_queue", queue="reactions") == 0
+    assert ("kernelfleet_background_lag_seconds", frozenset({("queue", "reactions")})) in idle
