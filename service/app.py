@@ -14,20 +14,22 @@ from contextlib import asynccontextmanager, suppress
 
 import anyio
 import anyio.to_thread
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi import Depends, FastAPI
 from sqlalchemy import Engine
-from starlette.exceptions import HTTPException
 
 from kernelfleet.service.background import run_background
 from kernelfleet.service.db import make_sessionmaker
-from kernelfleet.service.errors import CoordinatorError
-from kernelfleet.service.limits import BodyLimitMiddleware, describe_validation_errors
+from kernelfleet.service.error_handlers import JsonErrorMiddleware, install_error_handlers
+from kernelfleet.service.limits import BodyLimitMiddleware
 from kernelfleet.service.longpoll import LeaseWaiters
+from kernelfleet.service.metrics import MetricsMiddleware
 from kernelfleet.service.migrate import make_checked_engine
+from kernelfleet.service.openapi import install_openapi
+from kernelfleet.service.params import reject_nul
 from kernelfleet.service.reaper import run_reaper
+from kernelfleet.service.security_headers import SecurityHeadersMiddleware
 from kernelfleet.service.settings import Settings
+from kernelfleet.web.plotly_styles import plotly_style_hashes
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +48,7 @@ API_ROUTERS: tuple[str, ...] = (
 )
 SITE_ROUTERS: tuple[str, ...] = (
     "kernelfleet.service.api.health",
+    "kernelfleet.service.api.metrics",
     "kernelfleet.web.router",
 )
 # ------------------------------------------------------------------------------------------------
@@ -82,38 +85,28 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app = FastAPI(
         title="KernelFleet coordinator",
         version="0.1.0",
-        description="Workers enroll, lease tuning jobs and report results; admins run campaigns.",
+        description="Workers enroll, lease tuning jobs and report results; admins run campaigns. "
+                    "Every error is JSON `{\"detail\": \"<message>\"}`.",
         lifespan=lifespan,
+        dependencies=[Depends(reject_nul)],  # NUL characters in paths and query strings: 422
     )
     app.state.settings = settings
     app.state.engine = engine
     app.state.session_factory = session_factory
     app.state.lease_waiters = waiters
     app.state.result_limiter = result_limiter
+    # outermost last: security headers and metrics see every response, the JSON 500 included
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
-
-    @app.exception_handler(CoordinatorError)
-    async def _coordinator_error(_request: Request, exc: CoordinatorError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
-        return JSONResponse(status_code=exc.status_code, content={"detail": exc.message}, headers=headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(status_code=422, content={"detail": describe_validation_errors(exc.errors())})
-
-    @app.exception_handler(HTTPException)
-    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-        if exc.status_code == 404 and detail == "Not Found":
-            detail = "no such route: see /docs for the API"
-        elif exc.status_code == 405:
-            detail = f"{request.method} is not allowed on {request.url.path}: see /docs for the API"
-        return JSONResponse(status_code=exc.status_code, content={"detail": detail}, headers=exc.headers)
+    app.add_middleware(JsonErrorMiddleware)
+    app.add_middleware(MetricsMiddleware)
+    app.add_middleware(SecurityHeadersMiddleware, style_hashes=plotly_style_hashes())
+    install_error_handlers(app)
 
     for module in API_ROUTERS:
         app.include_router(importlib.import_module(module).router, prefix=API_PREFIX)
     for module in SITE_ROUTERS:
         app.include_router(importlib.import_module(module).router)
+    install_openapi(app, settings)
     return app
 
 

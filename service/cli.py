@@ -58,6 +58,9 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Address to bind "
                                              "(default KERNELFLEET_HOST or 127.0.0.1)")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default KERNELFLEET_PORT or 8600)")] = None,
+    public_url: Annotated[str | None, typer.Option(
+        help="The address users and workers reach this coordinator at, shown in the dashboard's pull "
+             "commands (default KERNELFLEET_PUBLIC_URL, else http://HOST:PORT)")] = None,
     database_url: DatabaseUrl = None,
     local_worker: Annotated[bool, typer.Option("--local-worker", help="Also run one worker agent on this "
                                                "machine, enrolled automatically")] = False,
@@ -66,12 +69,12 @@ def serve(
         "--workers", min=1, help="Server processes on this port (uvicorn workers). Periodic work runs in one "
                                  "process at a time: see docs/production.md")] = 1,
 ) -> None:
-    """Run the coordinator (API under /api/v1, docs under /docs, health at /healthz)."""
+    """Run the coordinator (API under /api/v1, docs under /docs, health at /healthz, metrics at /metrics)."""
     from kernelfleet.service.app import create_app
     from kernelfleet.service.local_admin import admin_token_path, ensure_admin_token
     from kernelfleet.service.migrate import SchemaNotCurrent
 
-    settings = _settings(host=host, port=port, database_url=database_url)
+    settings = _settings(host=host, port=port, database_url=database_url, public_url=public_url)
     if workers > 1 and local_worker:
         err.print("[bold red]error:[/] --local-worker runs in the server process: use it with --workers 1")
         raise typer.Exit(2)
@@ -96,12 +99,11 @@ def serve(
         app.state.engine.dispose()  # built only to check the database; each process builds its own
         _serve_processes(settings, workers, log_level)
         return
-    url_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                             proxy_headers=True, timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE)
     worker = None
     if local_worker:
-        worker = LocalWorker(app.state.session_factory, f"http://{url_host}:{settings.port}",
+        worker = LocalWorker(app.state.session_factory, settings.local_url,
                              settings.resolved_data_dir())
     server = _Server(config, worker)
     if worker is not None:
@@ -121,6 +123,8 @@ def _serve_processes(settings: Settings, workers: int, log_level: str) -> None:
     os.environ["KERNELFLEET_DATABASE_URL"] = settings.database_url
     if settings.admin_token:
         os.environ["KERNELFLEET_ADMIN_TOKEN"] = settings.admin_token
+    if settings.public_url:
+        os.environ["KERNELFLEET_PUBLIC_URL"] = str(settings.public_url)
     uvicorn.run("kernelfleet.service.app:app_from_env", factory=True, workers=workers, host=settings.host,
                 port=settings.port, log_level=log_level, proxy_headers=True, timeout_graceful_shutdown=10,
                 timeout_keep_alive=KEEP_ALIVE)

@@ -85,6 +85,16 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
+def keep_newest(session: Session, table: Any, n: int, *where: ColumnElement[bool]) -> None:
+    """Delete the rows of ``table`` matching ``where`` except the ``n`` newest (highest ``id``):
+    bounded history for logs and versions. Runs in the caller's transaction."""
+    from sqlalchemy import delete, select
+
+    cutoff = session.scalar(select(table.id).where(*where).order_by(table.id.desc()).offset(n).limit(1))
+    if cutoff is not None:
+        session.execute(delete(table).where(*where, table.id <= cutoff))
+
+
 @contextmanager
 def immediate(session: Session) -> Iterator[Session]:
     """A write transaction that takes SQLite's write lock up front (``BEGIN IMMEDIATE``).

@@ -8,6 +8,10 @@ next thread, and about 60 concurrent requests then held every connection while a
 waited for one (a deadlock until the pool timeout). So a route gets the session factory
 (``DbDep``) and opens and closes its session inside its own body, and a worker's token is checked in
 that same unit of work (``WorkerCallDep``: ``with call.transaction() as (session, worker): ...``).
+
+Tokens arrive as ``Authorization: Bearer <token>``, read through FastAPI's ``HTTPBearer`` (so the
+OpenAPI schema declares the scheme); a missing or non-bearer header reaches the authenticators as
+``None``, which answer with their own 401 messages.
 """
 
 from __future__ import annotations
@@ -16,13 +20,13 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
-from kernelfleet.service.auth import WorkerCall, authenticate_admin, bearer_token, is_admin_token, seen_every
+from kernelfleet.service.auth import WorkerCall, authenticate_admin, is_admin_token, seen_every
 from kernelfleet.service.settings import Settings
 
 ADMIN_COOKIE = "kernelfleet_admin"
-
 
 # the dependencies are `async def` (they do no I/O): a sync one would cost a threadpool hop each
 
@@ -41,22 +45,29 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 # the unit of work: `with db() as session:` (or `with db() as session, immediate(session):` to write)
 DbDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
 
-
-async def worker_call(request: Request, db: DbDep, settings: SettingsDep) -> WorkerCall:
-    return WorkerCall(db, bearer_token(request.headers.get("authorization")),
-                      seen_every(settings.worker_offline_after_seconds))
+bearer_scheme = HTTPBearer(auto_error=False, description="the admin token or a worker's token")
+BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
 
 
-async def require_admin(request: Request, db: DbDep, settings: SettingsDep) -> None:
-    await _admin(db, bearer_token(request.headers.get("authorization")), settings.admin_token)
+def _token(credentials: HTTPAuthorizationCredentials | None) -> str | None:
+    return credentials.credentials if credentials is not None else None
 
 
-async def require_dashboard(request: Request, db: DbDep, settings: SettingsDep) -> None:
+async def worker_call(credentials: BearerDep, db: DbDep, settings: SettingsDep) -> WorkerCall:
+    return WorkerCall(db, _token(credentials), seen_every(settings.worker_offline_after_seconds))
+
+
+async def require_admin(credentials: BearerDep, db: DbDep, settings: SettingsDep) -> None:
+    await _admin(db, _token(credentials), settings.admin_token)
+
+
+async def require_dashboard(request: Request, credentials: BearerDep, db: DbDep,
+                            settings: SettingsDep) -> None:
     """Dashboard pages: open when ``dashboard_public``; otherwise the admin token, as a bearer header
     or in the ``kernelfleet_admin`` cookie."""
     if settings.dashboard_public:
         return
-    token = bearer_token(request.headers.get("authorization")) or request.cookies.get(ADMIN_COOKIE)
+    token = _token(credentials) or request.cookies.get(ADMIN_COOKIE)
     await _admin(db, token, settings.admin_token)
 
 

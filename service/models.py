@@ -379,5 +379,5 @@ class Calibration(Base):
     backend: Mapped[str] = mapped_column(String(16), index=True)
     bins: Mapped[list[Any]] = mapped_column(JSON)  # [{"lo","hi","n","within","rate"}]
     samples: Mapped[int] = mapped_column(Integer)
-    source_stats: Mapped[int] = mapped_column(Integer)  # config_stats rows it was computed from
+    source_stats: Mapped[int] = mapped_column(Integer)  # the newest result id its stats had folded in
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())

@@ -33,7 +33,7 @@ from sqlalchemy import Integer, cast, delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from kernelfleet.service import aggregates, calibration, profiles
-from kernelfleet.service.db import db_now, immediate, is_sqlite
+from kernelfleet.service.db import db_now, immediate, is_sqlite, keep_newest
 from kernelfleet.service.locks import file_lock, pg_try_lock
 from kernelfleet.service.models import Calibration, ConfigStat, ProfileBuild, ProfileRequest
 from kernelfleet.service.settings import Settings
@@ -41,6 +41,8 @@ from kernelfleet.service.settings import Settings
 logger = logging.getLogger(__name__)
 
 CALIBRATION_LOCK = "calibration:"
+KEEP_BUILDS = 200  # build log rows kept per chip
+KEEP_CALIBRATIONS = 10  # calibrations kept per backend
 BUILDER = f"{socket.gethostname()}:{os.getpid()}"
 
 
@@ -82,6 +84,8 @@ def _build(session: Session, chip: str, settings: Settings) -> bool:
                         .where(ProfileRequest.chip == chip, ProfileRequest.id <= newest))
         session.add(ProfileBuild(chip=chip, builder=BUILDER, started_at=started, finished_at=_clock(session),
                                  requests=int(count), oldest_request_at=oldest, versions=built))
+        session.flush()
+        keep_newest(session, ProfileBuild, KEEP_BUILDS, ProfileBuild.chip == chip)
     logger.info("profile of %s built (%s requests): versions %s", chip, count, built)
     return True
 
@@ -120,7 +124,10 @@ def calibrate(factory: sessionmaker[Session], backend: str, settings: Settings) 
                 if not pg_try_lock(session, CALIBRATION_LOCK + backend):
                     session.rollback()
                     return None
-            count = session.scalar(select(func.count()).where(ConfigStat.backend == backend)) or 0
+            # what the stats have seen: the newest result folded into them (a new run moves it; the
+            # row count alone would not)
+            count = session.scalar(
+                select(func.max(ConfigStat.last_result_id)).where(ConfigStat.backend == backend)) or 0
             last = session.scalars(select(Calibration).where(Calibration.backend == backend)
                                    .order_by(Calibration.id.desc()).limit(1)).first()
             due = last is None or (
@@ -137,6 +144,8 @@ def calibrate(factory: sessionmaker[Session], backend: str, settings: Settings) 
                 row = Calibration(backend=backend, bins=calibration.bins(samples), samples=len(samples),
                                   source_stats=count)
                 session.add(row)
+                session.flush()
+                keep_newest(session, Calibration, KEEP_CALIBRATIONS, Calibration.backend == backend)
                 # confidences may have moved: rebuild the backend's profiles with the new calibration
                 session.add_all([ProfileRequest(chip=c) for c in backend_chips])
             if not sqlite:

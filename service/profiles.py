@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 from kernelfleet.kernels.profile_file import SCHEMA
 from kernelfleet.kernels.spec import parse_config_key
 from kernelfleet.service import aggregates, calibration, chips
+from kernelfleet.service.db import keep_newest
 from kernelfleet.service.models import Calibration, ConfigStat, Profile
 from kernelfleet.service.predict import ChipTable, Observations, predict
 
@@ -215,8 +216,12 @@ def latest(session: Session, chip: str, mlx_version: str | None) -> Profile | No
     ).first()
 
 
+KEEP_VERSIONS = 20  # stored versions per (chip, MLX version); older ones are deleted
+
+
 def store(session: Session, chip: str, mlx_version: str | None, body: dict[str, Any]) -> Profile:
-    """Store ``body`` as the chip's next version, unless its entries equal the latest version's."""
+    """Store ``body`` as the chip's next version, unless its entries equal the latest version's.
+    Keeps the newest :data:`KEEP_VERSIONS` versions."""
     row = latest(session, chip, mlx_version)
     etag = content_etag(chip, mlx_version, body["entries"])
     if row is not None and row.etag == etag:
@@ -226,4 +231,6 @@ def store(session: Session, chip: str, mlx_version: str | None, body: dict[str, 
                   body={**body, "version": version, "etag": etag})
     session.add(row)
     session.flush()
+    same = Profile.mlx_version.is_(None) if mlx_version is None else Profile.mlx_version == mlx_version
+    keep_newest(session, Profile, KEEP_VERSIONS, Profile.chip == chip, same)
     return row

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from kernelfleet.service.db import db_now, immediate, is_sqlite
+from kernelfleet.service.db import immediate, is_sqlite
 from kernelfleet.service.hooks import run_result_hooks
 from kernelfleet.service.locks import file_lock, pg_try_lock
 from kernelfleet.service.models import ResultEvent
@@ -62,15 +62,3 @@ def run_pending(factory: sessionmaker[Session]) -> int:
         total += done
         if done < BATCH:
             return total
-
-
-def lag_seconds(session: Session) -> float:
-    """How long the oldest queued result has waited for its reactions (0 when none waits)."""
-    oldest = session.scalar(select(func.min(ResultEvent.created_at)))
-    if oldest is None:
-        return 0.0
-    now = session.scalar(select(db_now()))
-    assert now is not None
-    if oldest.tzinfo is None and now.tzinfo is not None:
-        now = now.replace(tzinfo=None)
-    return max(0.0, (now - oldest).total_seconds())

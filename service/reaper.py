@@ -12,6 +12,7 @@ import logging
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
+from kernelfleet.service import metrics
 from kernelfleet.service.db import db_now, immediate, is_sqlite
 from kernelfleet.service.leasing import Transition, reap_expired
 from kernelfleet.service.locks import file_lock, pg_try_lock
@@ -70,7 +71,8 @@ async def run_reaper(session_factory: sessionmaker[Session], settings: Settings)
         logger.exception("extending leases after start-up failed")
     while True:
         try:
-            await asyncio.to_thread(reap_once, session_factory, settings)
+            moved = await asyncio.to_thread(reap_once, session_factory, settings)
+            metrics.record_reaper_pass(t.state.value for t in moved)
         except Exception:  # keep reaping after a transient database error
             logger.exception("reaper pass failed")
         await asyncio.sleep(settings.reaper_interval_seconds)

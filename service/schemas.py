@@ -1,6 +1,7 @@
 """API schemas (pydantic), separate from the ORM rows in :mod:`kernelfleet.service.models`.
 
-Every request model forbids unknown fields and non-finite floats and bounds its strings and lists.
+Every request model forbids unknown fields, non-finite floats and NUL characters, bounds its strings
+and lists, and is strict: ``true`` is not a number, ``"5"`` is not an int, ``1`` is not a bool.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 MAX_TRIALS = 512
 MAX_SAMPLES = 1000
@@ -29,7 +32,30 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    """Base of every request model. ``strict=True``: in strict mode pydantic refuses ISO strings for
+    ``datetime`` fields of request bodies (FastAPI validates parsed JSON), so give such a field
+    ``Field(strict=False)``."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        if _has_nul(value):  # PostgreSQL cannot store NUL in text: refuse it for both databases
+            raise PydanticCustomError("string_nul", "must not contain NUL characters (\\u0000)")
+        return value
+
+
+def _has_nul(value: Any) -> bool:
+    """A NUL in a validated field: a string, a list of strings, a dict's keys or values. Nested
+    models check their own fields; lists of numbers (most of a report) are not looked through."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, list):
+        return bool(value) and isinstance(value[0], str) and any("\x00" in v for v in value)
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    return False
 
 
 def _check_shape(text: str) -> str:
@@ -129,6 +155,7 @@ class TuningReport(Strict):
     best_config_key: Annotated[str, Field(min_length=1, max_length=256)] | None
     golden: Golden
     measured_at: Annotated[AwareDatetime | None, Field(
+        strict=False,  # an ISO 8601 string in JSON
         description="when the worker finished measuring (its clock, UTC offset required); "
                     "reports from before this field import without it, marked undated")] = None
 
@@ -157,8 +184,9 @@ def canonical_digest(data: Any) -> str:
 # ---- health ----
 
 class Health(BaseModel):
-    status: str
-    database: str
+    status: Literal["ok", "degraded"]
+    database: Literal["ok", "unreachable", "read-only"]
+    detail: str | None = None
 
 
 # ---- enrollment and workers ----

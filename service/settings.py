@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     data_dir: Path | None = None
     host: str = "127.0.0.1"
     port: int = 8600
+    # the coordinator's address as users and workers reach it (the pull command on /profiles);
+    # default http://{host}:{port}. Never taken from a request's Host or X-Forwarded-* headers.
+    public_url: str | None = None
     # leasing
     lease_seconds: float = 120.0
     max_attempts: int = 3
@@ -81,6 +84,17 @@ class Settings(BaseSettings):
     def is_local(self) -> bool:
         """Local mode: the database is a SQLite file on this machine."""
         return self.database_url.startswith("sqlite")
+
+    @property
+    def local_url(self) -> str:
+        """This coordinator's address from this machine (a wildcard bind becomes 127.0.0.1)."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def resolved_public_url(self) -> str:
+        return (self.public_url or self.local_url).rstrip("/")
 
     def resolved_data_dir(self) -> Path:
         if self.data_dir is not None:

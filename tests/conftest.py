@@ -112,7 +112,8 @@ class Coordinator:
         env.update(self.env_overrides)
         return env
 
-    def start(self, timeout: float = 30.0) -> None:
+    def start(self, timeout: float = 30.0, ready: tuple[int, ...] = (200,)) -> None:
+        """Start and wait until ``/healthz`` answers one of ``ready`` (503: a degraded database)."""
         assert self.proc is None, "already running"
         self._logs += 1
         log = open(self.log_path, "wb")  # noqa: SIM115 - closed with the process
@@ -125,7 +126,7 @@ class Coordinator:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"coordinator exited early:\n{self.logs()}")
             try:
-                if httpx.get(self.url + "/healthz", timeout=1.0).status_code == 200:
+                if httpx.get(self.url + "/healthz", timeout=1.0).status_code in ready:
                     return
             except httpx.HTTPError:
                 pass

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from kernelfleet.service.deps import DbDep
 from kernelfleet.service.models import Campaign, Job, JobState, Result, Worker
+from kernelfleet.service.params import RowId
 from kernelfleet.web.errors import PageNotFound
 from kernelfleet.web.render import db_clock, page
 from kernelfleet.web.routing import page_router
@@ -83,7 +84,7 @@ def campaigns(
 def campaign(
     request: Request,
     db: DbDep,
-    campaign_id: int,
+    campaign_id: RowId,
     state: Annotated[str | None, Query(pattern="^(" + "|".join(STATES) + ")$")] = None,
     kernel: Annotated[str | None, Query(max_length=64)] = None,
     offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,

@@ -109,13 +109,11 @@ def profiles(request: Request, db: DbDep) -> HTMLResponse:
             .order_by(Result.chip)
         ).all()
         missing = [c for c in chips if c.chip not in with_profile]
-        coordinator = str(request.base_url).rstrip("/")
         return page(
             request,
             "profiles.html",
             title="Profiles",
             rows=rows,
             missing=missing,
-            coordinator=coordinator,
             now=db_clock(session),
         )

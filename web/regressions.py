@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from kernelfleet.service.deps import DbDep
 from kernelfleet.service.models import Job, Regression, RegressionStatus, Result
+from kernelfleet.service.params import RowId
 from kernelfleet.web.errors import PageNotFound
 from kernelfleet.web.figures import series_figure
 from kernelfleet.web.render import db_clock, page
@@ -143,7 +144,7 @@ def regressions(
 
 
 @router.get("/regressions/{regression_id}", response_class=HTMLResponse)
-def regression(request: Request, db: DbDep, regression_id: int) -> HTMLResponse:
+def regression(request: Request, db: DbDep, regression_id: RowId) -> HTMLResponse:
     with db() as session:
         reg = session.get(Regression, regression_id)
         if reg is None:

@@ -137,5 +137,8 @@ templates.env.globals.update(nav=NAV, url_with=url_with, age=fmt_age)
 
 
 def page(request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    """Render a page. ``public_url`` (commands that name the coordinator) comes from the settings,
+    never from the request's Host or X-Forwarded-* headers."""
     context.setdefault("title", "KernelFleet")
+    context.setdefault("public_url", request.app.state.settings.resolved_public_url)
     return templates.TemplateResponse(request, template, context, status_code=status_code)

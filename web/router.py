@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import plotly
 from fastapi import APIRouter, Form, Request, Response
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
@@ -27,12 +26,13 @@ from kernelfleet.web import (
     runs,
 )
 from kernelfleet.web.errors import PageNotFound
+from kernelfleet.web.plotly_styles import PLOTLY_JS
 from kernelfleet.web.render import page
 from kernelfleet.web.routing import HtmlErrorRoute
 
 STATIC_DIR = Path(__file__).parent / "static"
 STATIC_FILES = {
-    "plotly.min.js": Path(plotly.__file__).parent / "package_data" / "plotly.min.js",
+    "plotly.min.js": PLOTLY_JS,
     "dashboard.css": STATIC_DIR / "dashboard.css",
     "dashboard.js": STATIC_DIR / "dashboard.js",
 }
@@ -74,7 +74,8 @@ def login(
     target = next if next.startswith("/") and not next.startswith("//") else "/"
     response = RedirectResponse(target, status_code=303)
     response.set_cookie(
-        ADMIN_COOKIE, token.strip(), httponly=True, samesite="strict", secure=request.url.scheme == "https"
+        ADMIN_COOKIE, token.strip(), httponly=True, samesite="strict",
+        secure=request.url.scheme == "https" or settings.resolved_public_url.startswith("https:"),
     )
     return response
 

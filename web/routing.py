@@ -8,8 +8,10 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
+from sqlalchemy.exc import SQLAlchemyError
 
 from kernelfleet.service.deps import require_dashboard
+from kernelfleet.service.error_handlers import RETRY_AFTER_SECONDS, database_unavailable
 from kernelfleet.service.errors import CoordinatorError
 from kernelfleet.web.errors import WebError
 from kernelfleet.web.render import page
@@ -60,6 +62,19 @@ class HtmlErrorRoute(APIRoute):
                     message=e.message,
                     login_url=f"/login?next={request.url.path}" if login else None,
                 )
+            except SQLAlchemyError as e:
+                if not database_unavailable(e):
+                    raise  # a JSON 500, logged (kernelfleet.service.error_handlers)
+                response = page(
+                    request,
+                    "error.html",
+                    status_code=503,
+                    title="Database unavailable",
+                    message="The coordinator cannot read or write its database right now.",
+                    hint="Try again in a few seconds; /healthz says what is wrong.",
+                )
+                response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+                return response
 
         return handler
 

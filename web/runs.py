@@ -8,6 +8,7 @@ from sqlalchemy import case, select
 
 from kernelfleet.service.deps import DbDep
 from kernelfleet.service.models import Result, Trial, TrialStatus, Worker
+from kernelfleet.service.params import RowId
 from kernelfleet.web.errors import PageNotFound
 from kernelfleet.web.figures import samples_figure
 from kernelfleet.web.render import db_clock, page
@@ -19,7 +20,7 @@ BOXES = 8
 
 
 @router.get("/runs/{result_id}", response_class=HTMLResponse)
-def run(request: Request, db: DbDep, result_id: int) -> HTMLResponse:
+def run(request: Request, db: DbDep, result_id: RowId) -> HTMLResponse:
     with db() as session:
         r = session.get(Result, result_id)
         if r is None:

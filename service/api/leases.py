@@ -13,12 +13,14 @@ import anyio.to_thread
 from fastapi import APIRouter, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 
-from kernelfleet.service import leasing
+from kernelfleet.service import leasing, metrics
 from kernelfleet.service.auth import WorkerCall
 from kernelfleet.service.completion import complete
 from kernelfleet.service.deps import SettingsDep, WorkerCallDep
 from kernelfleet.service.longpoll import LeaseWaiters
 from kernelfleet.service.models import Backend
+from kernelfleet.service.openapi import error_responses
+from kernelfleet.service.params import RowId
 from kernelfleet.service.schemas import (
     CompleteIn,
     CompleteOut,
@@ -61,6 +63,7 @@ async def lease(call: WorkerCallDep, settings: SettingsDep, request: Request,
             if await request.is_disconnected():  # nobody will read it: give it straight back
                 await run_in_threadpool(_give_back, call, got)
                 return Response(status_code=499)
+            metrics.LEASES_GRANTED.inc()
             return LeaseOut(job_id=got.job_id, lease_token=got.lease_token, kernel=got.kernel,
                             shape=got.shape, dtype=got.dtype, kind=got.kind.value,
                             lease_expires_at=got.lease_expires_at, lease_seconds=settings.lease_seconds)
@@ -82,8 +85,8 @@ async def _wait(waiters: LeaseWaiters, request: Request, backend: Backend, chip:
     return False
 
 
-@router.post("/jobs/{job_id}/heartbeat")
-def heartbeat(job_id: int, body: LeaseTokenIn, call: WorkerCallDep, settings: SettingsDep) -> HeartbeatOut:
+@router.post("/jobs/{job_id}/heartbeat", responses=error_responses(409))
+def heartbeat(job_id: RowId, body: LeaseTokenIn, call: WorkerCallDep, settings: SettingsDep) -> HeartbeatOut:
     """Extend the lease (the first heartbeat also confirms it)."""
     with call.transaction() as (session, worker):
         expires = leasing.heartbeat(session, worker, job_id, body.lease_token, settings.lease_seconds)
@@ -91,8 +94,9 @@ def heartbeat(job_id: int, body: LeaseTokenIn, call: WorkerCallDep, settings: Se
 
 
 @router.post("/jobs/{job_id}/result", status_code=status.HTTP_201_CREATED,
-             responses={200: {"model": CompleteOut, "description": "a replay of an accepted result"}})
-async def result(job_id: int, body: CompleteIn, call: WorkerCallDep, request: Request,
+             responses={200: {"model": CompleteOut, "description": "a replay of an accepted result"},
+                        **error_responses(409)})
+async def result(job_id: RowId, body: CompleteIn, call: WorkerCallDep, request: Request,
                  response: Response) -> CompleteOut:
     """Store the result with the job's completion; its reactions (regression detection) and the
     chip's profile follow in the background (service/background.py). At most
@@ -106,8 +110,8 @@ async def result(job_id: int, body: CompleteIn, call: WorkerCallDep, request: Re
     return CompleteOut.model_validate(done.response)
 
 
-@router.post("/jobs/{job_id}/fail")
-def fail(job_id: int, body: FailIn, call: WorkerCallDep, settings: SettingsDep) -> JobTransitionOut:
+@router.post("/jobs/{job_id}/fail", responses=error_responses(409))
+def fail(job_id: RowId, body: FailIn, call: WorkerCallDep, settings: SettingsDep) -> JobTransitionOut:
     with call.transaction() as (session, worker):
         t = leasing.fail(session, worker, job_id, body.lease_token, body.error,
                          settings.requeue_backoff_seconds, settings.requeue_backoff_max_seconds)
@@ -115,8 +119,8 @@ def fail(job_id: int, body: FailIn, call: WorkerCallDep, settings: SettingsDep) 
                             max_attempts=t.max_attempts, available_at=t.available_at)
 
 
-@router.post("/jobs/{job_id}/release")
-def release(job_id: int, body: LeaseTokenIn, call: WorkerCallDep) -> JobTransitionOut:
+@router.post("/jobs/{job_id}/release", responses=error_responses(409))
+def release(job_id: RowId, body: LeaseTokenIn, call: WorkerCallDep) -> JobTransitionOut:
     with call.transaction() as (session, worker):
         t = leasing.release(session, worker, job_id, body.lease_token)
     return JobTransitionOut(job_id=t.job_id, state=t.state.value, attempts=t.attempts,

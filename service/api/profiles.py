@@ -110,7 +110,8 @@ def _queue(session: Session, chip: str, allow_predicted: bool) -> JSONResponse:
 
 
 @router.get("/profiles/{chip}", response_model=None,
-            responses={202: {"model": ProfilePending, "description": "being built: retry after Retry-After"}})
+            responses={202: {"model": ProfilePending, "description": "being built: retry after Retry-After"},
+                       304: {"description": "the If-None-Match ETag is current"}})
 def get_profile(
     chip: str,
     request: Request,

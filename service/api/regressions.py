@@ -12,6 +12,8 @@ from sqlalchemy import func, select
 from kernelfleet.service.deps import AdminDep, DashboardDep, DbDep, SettingsDep
 from kernelfleet.service.errors import NotFound
 from kernelfleet.service.models import Regression, RegressionStatus
+from kernelfleet.service.openapi import error_responses
+from kernelfleet.service.params import Offset, RowId
 from kernelfleet.service.regressions import engine
 from kernelfleet.service.regressions.attribution import describe
 from kernelfleet.service.schemas import OptUtcTime, Strict, UtcTime
@@ -82,7 +84,7 @@ def list_regressions(
     chip: Annotated[str | None, Query(max_length=128)] = None,
     kernel: Annotated[str | None, Query(max_length=64)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> list[RegressionOut]:
     """Newest first. ``group_size`` counts the regressions (any status) that share the cause."""
     with db() as session:
@@ -114,7 +116,7 @@ def list_regressions(
 
 
 @router.get("/regressions/{regression_id}")
-def get_regression(regression_id: int, _: DashboardDep, db: DbDep) -> RegressionOut:
+def get_regression(regression_id: RowId, _: DashboardDep, db: DbDep) -> RegressionOut:
     with db() as session:
         row = session.get(Regression, regression_id)
         if row is None:
@@ -124,9 +126,9 @@ def get_regression(regression_id: int, _: DashboardDep, db: DbDep) -> Regression
         return _out(row, size)
 
 
-@router.post("/regressions/{regression_id}/acknowledge")
+@router.post("/regressions/{regression_id}/acknowledge", responses=error_responses(409))
 def acknowledge(
-    regression_id: int, _: AdminDep, db: DbDep, body: AcknowledgeIn | None = None
+    regression_id: RowId, _: AdminDep, db: DbDep, body: AcknowledgeIn | None = None
 ) -> AcknowledgeOut:
     with db() as session:
         body = body or AcknowledgeIn()

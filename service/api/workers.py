@@ -8,6 +8,7 @@ from sqlalchemy import select
 from kernelfleet.service.deps import AdminDep, DbDep, WorkerCallDep
 from kernelfleet.service.enrollment import revoke_worker
 from kernelfleet.service.models import Worker
+from kernelfleet.service.params import RowId
 from kernelfleet.service.schemas import WorkerOut
 
 router = APIRouter(tags=["workers"])
@@ -27,6 +28,6 @@ def me(call: WorkerCallDep) -> WorkerOut:
 
 
 @router.post("/workers/{worker_id}/revoke")
-def revoke(worker_id: int, _: AdminDep, db: DbDep) -> WorkerOut:
+def revoke(worker_id: RowId, _: AdminDep, db: DbDep) -> WorkerOut:
     with db() as session:
         return WorkerOut.model_validate(revoke_worker(session, worker_id))

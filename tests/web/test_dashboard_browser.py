@@ -318,8 +318,10 @@ def test_profiles_show_pull_commands(browser: Any, site: Filled, shots: Path) ->
             ):
                 listed[chip] = cmd
     assert set(listed) == set(CHIPS)  # every chip with results, with or without a profile
-    for chip, cmd in listed.items():
-        assert shlex.split(cmd) == ["kernelfleet", "pull", "--coordinator", site.url, "--chip", chip]
+    for chip, cmd in listed.items():  # the last row of each chip: chip-wide, or one MLX version's
+        words = shlex.split(cmd)
+        assert words[:6] == ["kernelfleet", "pull", "--coordinator", site.url, "--chip", chip]
+        assert words[6:] in ([], ["--mlx-version", words[-1]])
     close(page)
 
 

@@ -62,6 +62,28 @@
     });
   }
 
+  // Progress bar segments carry their width as data (the CSP allows no inline style attributes).
+  function sizeSegments() {
+    document.querySelectorAll(".seg[data-width]").forEach(function (seg) {
+      seg.style.width = seg.getAttribute("data-width") + "%";
+    });
+  }
+
+  // A select that clears other fields of its form, then submits it (e.g. a new chip on /compare).
+  function wireResets() {
+    document.querySelectorAll("select[data-resets]").forEach(function (select) {
+      select.addEventListener("change", function () {
+        select.getAttribute("data-resets").split(" ").forEach(function (name) {
+          var field = select.form.elements[name];
+          if (field) field.value = "";
+        });
+        select.form.submit();
+      });
+    });
+  }
+
+  sizeSegments();
+  wireResets();
   drawCharts();
   wireAcknowledge();
 })();
