@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
+from pathlib import Path
 from types import FrameType
 from typing import Annotated
 
@@ -125,6 +127,14 @@ def _serve_processes(settings: Settings, workers: int, log_level: str) -> None:
         os.environ["KERNELFLEET_ADMIN_TOKEN"] = settings.admin_token
     if settings.public_url:
         os.environ["KERNELFLEET_PUBLIC_URL"] = str(settings.public_url)
+    # /metrics adds up every process's samples (prometheus_client's multiprocess mode): a fresh
+    # directory for them, or the configured one emptied, before the processes start
+    metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if metrics_dir:
+        for stale in Path(metrics_dir).glob("*.db"):
+            stale.unlink()
+    else:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="kernelfleet-metrics-")
     uvicorn.run("kernelfleet.service.app:app_from_env", factory=True, workers=workers, host=settings.host,
                 port=settings.port, log_level=log_level, proxy_headers=True, timeout_graceful_shutdown=10,
                 timeout_keep_alive=KEEP_ALIVE)
