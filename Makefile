@@ -9,7 +9,7 @@ PORT   ?= 8600
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run test lint typecheck pytest bench-kernels bench-search bench-gpu bench-launch-floor bench-predict bench-cross-chip bench-dashboard bench-detector bench-profiles bench-calibration clean
+.PHONY: help venv run test lint typecheck pytest bench-kernels bench-search bench-gpu bench-launch-floor bench-predict bench-cross-chip bench-dashboard bench-load bench-detector bench-profiles bench-calibration clean
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -62,6 +62,10 @@ bench-cross-chip: $(STAMP) ## Cross-chip profile (CROSS_CHIP=h200 from H100 repo
 
 bench-dashboard: $(STAMP) ## Dashboard page server times over 1,000,000 stored trials
 	$(BIN)/python benchmarks/dashboard.py
+
+LOAD_ARGS ?= --workers 1000 --duration 120 --think 30 60
+bench-load: $(STAMP) ## Coordinator under N simulated workers (API only) + database audit; LOAD_ARGS, KERNELFLEET_TEST_POSTGRES_URL
+	$(BIN)/python benchmarks/coordinator_load.py $(if $(KERNELFLEET_TEST_POSTGRES_URL),--postgres $(KERNELFLEET_TEST_POSTGRES_URL)) $(LOAD_ARGS)
 
 bench-profiles: $(STAMP) ## Profile build and result insert at 1k, 10k, 100k stored results (PostgreSQL)
 	$(BIN)/python benchmarks/profiles.py

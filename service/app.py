@@ -12,6 +12,8 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 
+import anyio
+import anyio.to_thread
 from fastapi import Depends, FastAPI
 from sqlalchemy import Engine
 
@@ -19,6 +21,7 @@ from kernelfleet.service.background import run_background
 from kernelfleet.service.db import make_sessionmaker
 from kernelfleet.service.error_handlers import JsonErrorMiddleware, install_error_handlers
 from kernelfleet.service.limits import BodyLimitMiddleware
+from kernelfleet.service.longpoll import LeaseWaiters
 from kernelfleet.service.metrics import MetricsMiddleware
 from kernelfleet.service.migrate import make_checked_engine
 from kernelfleet.service.openapi import install_openapi
@@ -54,11 +57,16 @@ SITE_ROUTERS: tuple[str, ...] = (
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     """Build the coordinator. Raises :class:`~kernelfleet.service.migrate.SchemaNotCurrent` when the
     database is not migrated to head."""
-    engine = engine or make_checked_engine(settings.database_url)
+    engine = engine or make_checked_engine(settings.database_url, **settings.engine_options())
     session_factory = make_sessionmaker(engine)
+    waiters = LeaseWaiters(session_factory, settings.lease_poll_seconds)
+    result_limiter = anyio.CapacityLimiter(settings.result_concurrency)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # sync routes run on anyio's default thread limiter: one thread per pool connection, so no
+        # thread waits for a connection (a session never waits for a second thread: see deps.py)
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.threads()
         tasks = [
             asyncio.create_task(run_reaper(session_factory, settings), name="kernelfleet-reaper"),
             asyncio.create_task(run_background(session_factory, settings), name="kernelfleet-background"),
@@ -71,6 +79,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             for task in tasks:
                 with suppress(asyncio.CancelledError):
                     await task
+            await waiters.close()
             engine.dispose()
 
     app = FastAPI(
@@ -84,6 +93,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine = engine
     app.state.session_factory = session_factory
+    app.state.lease_waiters = waiters
+    app.state.result_limiter = result_limiter
     # outermost last: security headers and metrics see every response, the JSON 500 included
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(JsonErrorMiddleware)
@@ -97,3 +108,9 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         app.include_router(importlib.import_module(module).router)
     install_openapi(app, settings)
     return app
+
+
+def app_from_env() -> FastAPI:
+    """The app factory for ``uvicorn --factory`` and ``kernelfleet serve --workers N``: settings from
+    the ``KERNELFLEET_*`` environment."""
+    return create_app(Settings())

@@ -12,6 +12,7 @@ from kernelfleet.service.db import immediate
 from kernelfleet.service.errors import NotFound
 from kernelfleet.service.models import Backend, Campaign, Job, JobKind, JobState
 from kernelfleet.service.schemas import CampaignIn, CampaignOut, Progress
+from kernelfleet.service.targets import target_id
 
 
 def create_campaign(session: Session, body: CampaignIn, default_max_attempts: int) -> int:
@@ -23,9 +24,11 @@ def create_campaign(session: Session, body: CampaignIn, default_max_attempts: in
                             spec={"kernels": body.kernels, "shapes": body.shapes, "dtypes": body.dtypes})
         session.add(campaign)
         session.flush()
+        target = target_id(session, backend, body.target_chip)
         session.execute(insert(Job), [
             {"campaign_id": campaign.id, "kind": JobKind.tune, "kernel": k, "shape": s, "dtype": d,
-             "target_backend": backend, "target_chip": body.target_chip, "state": JobState.queued,
+             "target_backend": backend, "target_chip": body.target_chip, "target_id": target,
+             "state": JobState.queued,
              "attempts": 0, "max_attempts": max_attempts}
             for k, s, d in itertools.product(body.kernels, body.shapes, body.dtypes)
         ])

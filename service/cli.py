@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
+from pathlib import Path
 from types import FrameType
 from typing import Annotated
 
@@ -18,6 +21,11 @@ from kernelfleet.service.settings import Settings
 err = Console(stderr=True, soft_wrap=True)
 out = Console()
 logger = logging.getLogger(__name__)
+
+# idle keep-alive connections stay open this long (uvicorn's default is 5 s): longer than a load
+# balancer's or client's own idle timeout, so they, not the server, close an idle connection (a
+# server closing one just as the peer reuses it fails that request: measured with 10,000 workers)
+KEEP_ALIVE = 75
 
 db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True)
 
@@ -59,6 +67,9 @@ def serve(
     local_worker: Annotated[bool, typer.Option("--local-worker", help="Also run one worker agent on this "
                                                "machine, enrolled automatically")] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
+    workers: Annotated[int, typer.Option(
+        "--workers", min=1, help="Server processes on this port (uvicorn workers). Periodic work runs in one "
+                                 "process at a time: see docs/production.md")] = 1,
 ) -> None:
     """Run the coordinator (API under /api/v1, docs under /docs, health at /healthz, metrics at /metrics)."""
     from kernelfleet.service.app import create_app
@@ -66,6 +77,9 @@ def serve(
     from kernelfleet.service.migrate import SchemaNotCurrent
 
     settings = _settings(host=host, port=port, database_url=database_url, public_url=public_url)
+    if workers > 1 and local_worker:
+        err.print("[bold red]error:[/] --local-worker runs in the server process: use it with --workers 1")
+        raise typer.Exit(2)
     try:
         app = create_app(settings)
     except SchemaNotCurrent as e:
@@ -83,8 +97,12 @@ def serve(
                   f"shown only this once):\n  {token}", highlight=False, soft_wrap=True)
     elif token is None:
         err.print("[yellow]warning:[/] no KERNELFLEET_ADMIN_TOKEN is set: admin routes refuse every request")
+    if workers > 1:
+        app.state.engine.dispose()  # built only to check the database; each process builds its own
+        _serve_processes(settings, workers, log_level)
+        return
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
-                            proxy_headers=True, timeout_graceful_shutdown=10)
+                            proxy_headers=True, timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE)
     worker = None
     if local_worker:
         worker = LocalWorker(app.state.session_factory, settings.local_url,
@@ -99,6 +117,27 @@ def serve(
             worker.stop()
     if not server.started:
         raise typer.Exit(1)
+
+
+def _serve_processes(settings: Settings, workers: int, log_level: str) -> None:
+    """``workers`` uvicorn processes on one socket; each builds its app from the environment
+    (:func:`kernelfleet.service.app.app_from_env`), so this process passes its settings on there."""
+    os.environ["KERNELFLEET_DATABASE_URL"] = settings.database_url
+    if settings.admin_token:
+        os.environ["KERNELFLEET_ADMIN_TOKEN"] = settings.admin_token
+    if settings.public_url:
+        os.environ["KERNELFLEET_PUBLIC_URL"] = str(settings.public_url)
+    # /metrics adds up every process's samples (prometheus_client's multiprocess mode): a fresh
+    # directory for them, or the configured one emptied, before the processes start
+    metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if metrics_dir:
+        for stale in Path(metrics_dir).glob("*.db"):
+            stale.unlink()
+    else:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="kernelfleet-metrics-")
+    uvicorn.run("kernelfleet.service.app:app_from_env", factory=True, workers=workers, host=settings.host,
+                port=settings.port, log_level=log_level, proxy_headers=True, timeout_graceful_shutdown=10,
+                timeout_keep_alive=KEEP_ALIVE)
 
 
 @db_app.command("upgrade")

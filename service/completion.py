@@ -3,7 +3,10 @@
 - the current ``(job_id, lease_token)`` of this worker -> 201 and the result id
 - the same payload again for that lease -> the original response (200)
 - a different payload for that lease -> 422
-- a lease that is not the job's current one -> 409
+- a lease that is not the job's current one, or a replay by a worker other than the one that
+  completed it (even with the right token and payload) -> 409
+
+Lease tokens are compared and stored as SHA-256 digests.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from kernelfleet.service.db import db_now, immediate
+from kernelfleet.service.auth import WorkerCall, digest
+from kernelfleet.service.db import db_now
 from kernelfleet.service.errors import Conflict, Invalid
 from kernelfleet.service.leasing import explain_stale
 from kernelfleet.service.models import Job, JobState, Result, Worker
@@ -29,13 +33,13 @@ class Completion:
     created: bool  # False for a replay of an already accepted payload
 
 
-def _replay(session: Session, job_id: int, token: str, digest: str) -> Completion | None:
+def _replay(session: Session, worker: Worker, job_id: int, token: str, payload: str) -> Completion | None:
     prior = session.scalars(select(Result).where(Result.job_id == job_id)).first()
     if prior is None:
         return None
-    if prior.lease_token != token:
+    if prior.lease_token != digest(token) or prior.worker_id != worker.id:
         raise Conflict(f"job {job_id} was already completed under another lease; this lease is stale")
-    if prior.payload_digest != digest:
+    if prior.payload_digest != payload:
         raise Invalid(f"job {job_id} already has a different result for this lease; a lease accepts "
                       f"exactly one result (resend the original payload, or lease a new job)")
     return Completion(response=dict(prior.response), created=False)
@@ -50,41 +54,46 @@ def check_origin(worker: Worker, report: TuningReport) -> None:
                       f"(enroll this machine as its own worker)")
 
 
-def complete(session: Session, worker: Worker, job_id: int, token: str, report: TuningReport) -> Completion:
+def _complete(session: Session, worker: Worker, job_id: int, token: str, report: TuningReport) -> Completion:
     check_origin(worker, report)
-    digest = report.digest()
+    payload = report.digest()
+    replay = _replay(session, worker, job_id, token, payload)
+    if replay is not None:
+        return replay
+    job = session.scalars(
+        select(Job).where(Job.id == job_id, Job.lease_token == digest(token), Job.state == JobState.leased,
+                          Job.leased_by == worker.id)
+    ).first()
+    if job is None:
+        raise explain_stale(session, job_id, token)
+    wanted = (job.kernel, job.shape, job.dtype)
+    got = (report.kernel, report.shape, report.dtype)
+    if wanted != got:
+        raise Invalid(f"job {job_id} is {'/'.join(wanted)} but the report is for {'/'.join(got)}")
+    done = session.execute(
+        update(Job).where(Job.id == job_id, Job.lease_token == digest(token), Job.state == JobState.leased)
+        .values(state=JobState.done, finished_at=db_now(), lease_expires_at=None, updated_at=db_now(),
+                last_error=None, lease_confirmed=True)
+        .returning(Job.id).execution_options(synchronize_session=False)
+    ).scalar()
+    if done is None:  # the reaper requeued it between our read and this write (PostgreSQL)
+        raise explain_stale(session, job_id, token)
+    result = store_report(session, report, source="lease", job_id=job_id, worker_id=worker.id,
+                          lease_token=digest(token))
+    response = {"result_id": result.id, "job_id": job_id, "state": "done"}
+    result.response = response
+    return Completion(response=response, created=True)
+
+
+def complete(call: WorkerCall, job_id: int, token: str, report: TuningReport) -> Completion:
+    """Store ``report`` as the result of this worker's current lease on ``job_id`` (or answer a replay),
+    authenticating the worker in the same transaction."""
     try:
-        with immediate(session):
-            replay = _replay(session, job_id, token, digest)
-            if replay is not None:
-                return replay
-            job = session.scalars(
-                select(Job).where(Job.id == job_id, Job.lease_token == token, Job.state == JobState.leased,
-                                  Job.leased_by == worker.id)
-            ).first()
-            if job is None:
-                raise explain_stale(session, job_id, token)
-            wanted = (job.kernel, job.shape, job.dtype)
-            got = (report.kernel, report.shape, report.dtype)
-            if wanted != got:
-                raise Invalid(f"job {job_id} is {'/'.join(wanted)} but the report is for {'/'.join(got)}")
-            done = session.execute(
-                update(Job).where(Job.id == job_id, Job.lease_token == token, Job.state == JobState.leased)
-                .values(state=JobState.done, finished_at=db_now(), lease_expires_at=None, updated_at=db_now(),
-                        last_error=None)
-                .returning(Job.id).execution_options(synchronize_session=False)
-            ).scalar()
-            if done is None:  # the reaper requeued it between our read and this write (PostgreSQL)
-                raise explain_stale(session, job_id, token)
-            result = store_report(session, report, source="lease", job_id=job_id, worker_id=worker.id,
-                                  lease_token=token)
-            response = {"result_id": result.id, "job_id": job_id, "state": "done"}
-            result.response = response
-        return Completion(response=response, created=True)
+        with call.transaction() as (session, worker):
+            return _complete(session, worker, job_id, token, report)
     except IntegrityError:  # a concurrent identical completion won the unique(job_id) race
-        session.rollback()
-        with immediate(session):
-            replay = _replay(session, job_id, token, digest)
+        with call.transaction() as (session, worker):
+            replay = _replay(session, worker, job_id, token, report.digest())
         if replay is None:
             raise Conflict(f"job {job_id} changed while completing it; retry the request") from None
         return replay

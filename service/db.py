@@ -7,6 +7,7 @@ is atomic against other writers.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -51,15 +52,32 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.close()
 
+        # Writers of this process queue on a lock before BEGIN IMMEDIATE: SQLite's busy handler polls
+        # with sleeps of up to 100 ms, so 30 threads contending for the write lock through it took
+        # seconds per write; the busy timeout is then left to writers in other processes.
+        write_lock = threading.Lock()
+
         @event.listens_for(engine, "begin")
         def _sqlite_begin(conn: Any) -> None:
-            mode = "IMMEDIATE" if conn.get_execution_options().get("sqlite_immediate") else "DEFERRED"
-            conn.exec_driver_sql(f"BEGIN {mode}")
+            immediate = bool(conn.get_execution_options().get("sqlite_immediate"))
+            if immediate:
+                write_lock.acquire()
+                conn.info["kf_write_lock"] = True
+            try:
+                conn.exec_driver_sql(f"BEGIN {'IMMEDIATE' if immediate else 'DEFERRED'}")
+            except BaseException:
+                _release(conn)
+                raise
+
+        def _release(conn: Any) -> None:
+            if conn.info.pop("kf_write_lock", False):
+                write_lock.release()
+
+        event.listen(engine, "commit", _release)
+        event.listen(engine, "rollback", _release)
 
         return engine
     kwargs.setdefault("pool_pre_ping", True)
-    kwargs.setdefault("pool_size", 10)
-    kwargs.setdefault("max_overflow", 20)
     return create_engine(url, **kwargs)
 
 

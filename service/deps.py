@@ -1,45 +1,49 @@
-"""Typed FastAPI dependencies: ``SessionDep``, ``SettingsDep``, ``WorkerDep``, ``AdminDep`` and
+"""Typed FastAPI dependencies: ``DbDep``, ``SettingsDep``, ``WorkerCallDep``, ``AdminDep`` and
 ``DashboardDep`` (public when ``settings.dashboard_public``, else the admin token).
+
+No dependency holds a database session across the request. FastAPI runs each sync dependency, the
+sync route body and the route's response validation on separate threadpool threads; a session
+opened by a ``yield`` dependency kept its connection checked out while the request waited for the
+next thread, and about 60 concurrent requests then held every connection while all 40 threads
+waited for one (a deadlock until the pool timeout). So a route gets the session factory
+(``DbDep``) and opens and closes its session inside its own body, and a worker's token is checked in
+that same unit of work (``WorkerCallDep``: ``with call.transaction() as (session, worker): ...``).
 
 Tokens arrive as ``Authorization: Bearer <token>``, read through FastAPI's ``HTTPBearer`` (so the
 OpenAPI schema declares the scheme); a missing or non-bearer header reaches the authenticators as
-``None``, which answer with their own 401 messages."""
+``None``, which answer with their own 401 messages.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
-from kernelfleet.service.auth import authenticate_admin, authenticate_worker
-from kernelfleet.service.models import Worker
+from kernelfleet.service.auth import WorkerCall, authenticate_admin, is_admin_token, seen_every
 from kernelfleet.service.settings import Settings
 
 ADMIN_COOKIE = "kernelfleet_admin"
 
+# the dependencies are `async def` (they do no I/O): a sync one would cost a threadpool hop each
 
-def get_settings(request: Request) -> Settings:
+
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_session_factory(request: Request) -> sessionmaker[Session]:
+async def get_session_factory(request: Request) -> sessionmaker[Session]:
     factory: sessionmaker[Session] = request.app.state.session_factory
     return factory
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    with get_session_factory(request)() as session:
-        yield session
-
-
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
-SessionDep = Annotated[Session, Depends(get_session)]
-
+# the unit of work: `with db() as session:` (or `with db() as session, immediate(session):` to write)
+DbDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
 
 bearer_scheme = HTTPBearer(auto_error=False, description="the admin token or a worker's token")
 BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
@@ -49,24 +53,32 @@ def _token(credentials: HTTPAuthorizationCredentials | None) -> str | None:
     return credentials.credentials if credentials is not None else None
 
 
-def require_worker(credentials: BearerDep, session: SessionDep) -> Worker:
-    return authenticate_worker(session, _token(credentials))
+async def worker_call(credentials: BearerDep, db: DbDep, settings: SettingsDep) -> WorkerCall:
+    return WorkerCall(db, _token(credentials), seen_every(settings.worker_offline_after_seconds))
 
 
-def require_admin(credentials: BearerDep, session: SessionDep, settings: SettingsDep) -> None:
-    authenticate_admin(session, _token(credentials), settings.admin_token)
+async def require_admin(credentials: BearerDep, db: DbDep, settings: SettingsDep) -> None:
+    await _admin(db, _token(credentials), settings.admin_token)
 
 
-def require_dashboard(request: Request, credentials: BearerDep, session: SessionDep,
-                      settings: SettingsDep) -> None:
+async def require_dashboard(request: Request, credentials: BearerDep, db: DbDep,
+                            settings: SettingsDep) -> None:
     """Dashboard pages: open when ``dashboard_public``; otherwise the admin token, as a bearer header
     or in the ``kernelfleet_admin`` cookie."""
     if settings.dashboard_public:
         return
     token = _token(credentials) or request.cookies.get(ADMIN_COOKIE)
-    authenticate_admin(session, token, settings.admin_token)
+    await _admin(db, token, settings.admin_token)
 
 
-WorkerDep = Annotated[Worker, Depends(require_worker)]
+async def _admin(db: sessionmaker[Session], token: str | None, admin_token: str | None) -> None:
+    """The admin token is checked on the event loop; any other token is looked up (for a 403 rather
+    than a 401) on a thread of its own, in a session of its own."""
+    if token is not None and is_admin_token(token, admin_token):
+        return
+    await run_in_threadpool(authenticate_admin, db, token, admin_token)
+
+
+WorkerCallDep = Annotated[WorkerCall, Depends(worker_call)]
 AdminDep = Annotated[None, Depends(require_admin)]
 DashboardDep = Annotated[None, Depends(require_dashboard)]

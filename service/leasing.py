@@ -1,28 +1,36 @@
 """Job leasing: lease, heartbeat, fail, release and requeue, all on the database clock.
 
-A lease is one atomic statement:
+Each function runs inside the caller's transaction (the route's unit of work, opened with
+``BEGIN IMMEDIATE`` on SQLite), so a worker request authenticates and acts in one transaction.
 
-- PostgreSQL: ``UPDATE jobs SET ... WHERE id = (SELECT id ... FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING``
-- SQLite: the same ``UPDATE ... WHERE id = (SELECT ...) RETURNING`` inside ``BEGIN IMMEDIATE``
-  (SQLite renders no ``FOR UPDATE``; the write lock taken up front serialises leases).
+A lease is one atomic statement, ``UPDATE jobs ... WHERE id = (pick) RETURNING``. The pick matches
+the worker against the few job targets (:mod:`kernelfleet.service.targets`) and takes, per matching
+target, the oldest available queued job through the partial index ``ix_jobs_queued_target`` (on
+PostgreSQL ``FOR UPDATE SKIP LOCKED``; on SQLite the write lock taken up front serialises leases),
+then the oldest of those: O(k log n) for k matching targets and n queued jobs.
 
-Every other transition is a conditional ``UPDATE ... WHERE id = :id AND lease_token = :token AND
-state = 'leased'``, so a stale lease can never change a job.
+A fresh lease runs out after ``lease_confirm_seconds`` unless the worker confirms it (its first
+heartbeat); an unconfirmed lease that runs out is requeued at once and its attempt refunded, so a
+lease request whose client went away spends nothing. Lease tokens are stored as SHA-256 digests.
+
+Every other transition is a conditional ``UPDATE ... WHERE id = :id AND lease_token = :digest AND
+state = 'leased' AND leased_by = :worker``, so a stale lease can never change a job.
 """
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import ColumnElement, and_, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import ColumnElement, and_, select, update
+from sqlalchemy.orm import Session, aliased
+from sqlalchemy.sql.dml import ReturningUpdate
 
-from kernelfleet.service.auth import LEASE_PREFIX, new_token
-from kernelfleet.service.db import db_now, immediate
+from kernelfleet.service.auth import LEASE_PREFIX, digest, new_token
+from kernelfleet.service.db import db_now
 from kernelfleet.service.errors import Conflict, NotFound
-from kernelfleet.service.models import Job, JobKind, JobState, Regression, RegressionStatus, Worker
+from kernelfleet.service.models import Job, JobKind, JobState, JobTarget, Regression, RegressionStatus, Worker
+from kernelfleet.service.targets import runnable_targets
 
 
 @dataclass(frozen=True)
@@ -45,48 +53,55 @@ class Transition:
     available_at: datetime | None
 
 
-def chip_matches(pattern: str, chip: str) -> bool:
-    """Case-insensitive glob match: ``Apple M3*`` matches ``Apple M3 Max``."""
-    return fnmatch.fnmatchcase(chip.casefold(), pattern.casefold())
-
-
 def backoff_seconds(attempts: int, base: float, cap: float) -> float:
     """Exponential backoff after the ``attempts``-th failed attempt: base, 2*base, 4*base, ... <= cap."""
     return float(min(cap, base * 2 ** max(0, attempts - 1)))
 
 
-def _runnable_by(session: Session, worker: Worker) -> ColumnElement[bool]:
-    patterns = session.scalars(
-        select(Job.target_chip).distinct()
-        .where(Job.state == JobState.queued, Job.target_chip.is_not(None))
-    ).all()
-    matching = [p for p in patterns if p is not None and chip_matches(p, worker.chip)]
-    chip_ok = or_(Job.target_chip.is_(None), Job.target_chip.in_(matching)) if matching \
-        else Job.target_chip.is_(None)
-    backend_ok = or_(Job.target_backend.is_(None), Job.target_backend == worker.backend)
-    return and_(backend_ok, chip_ok)
+def _pick(targets: list[int]) -> ColumnElement[int]:
+    """The id of the oldest available queued job among ``targets``: per target one index probe."""
+    cand, picked = aliased(Job), aliased(Job)
+    head = (
+        select(cand.id)
+        .where(cand.target_id == JobTarget.id, cand.state == JobState.queued, cand.available_at <= db_now())
+        .order_by(cand.available_at, cand.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+        .correlate(JobTarget)
+        .scalar_subquery()
+    )
+    return (
+        select(picked.id).select_from(JobTarget).join(picked, picked.id == head)
+        .where(JobTarget.id.in_(targets))
+        .order_by(picked.available_at, picked.id)
+        .limit(1)
+        .scalar_subquery()
+    )
 
 
-def lease_next(session: Session, worker: Worker, lease_seconds: float) -> Lease | None:
-    """Lease the next queued job this worker can run, or None when there is none."""
+def lease_statement(targets: list[int], worker_id: int, token_digest: str,
+                    confirm_seconds: float) -> ReturningUpdate[tuple[int, str, str, str, JobKind, datetime]]:
+    """The one statement that leases: the oldest available job among ``targets``, to ``worker_id``."""
+    return (
+        update(Job)
+        .where(Job.id == _pick(targets), Job.state == JobState.queued)
+        .values(state=JobState.leased, lease_token=token_digest, leased_by=worker_id, lease_confirmed=False,
+                attempts=Job.attempts + 1, lease_expires_at=db_now(confirm_seconds), updated_at=db_now())
+        .returning(Job.id, Job.kernel, Job.shape, Job.dtype, Job.kind, Job.lease_expires_at)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def lease_next(session: Session, worker: Worker, confirm_seconds: float) -> Lease | None:
+    """Lease the next queued job this worker can run, or None when there is none.
+
+    The lease first runs out after ``confirm_seconds``; the worker's first heartbeat confirms it.
+    """
+    targets = runnable_targets(session, worker.backend, worker.chip)
+    if not targets:
+        return None
     token = new_token(LEASE_PREFIX)
-    with immediate(session):
-        pick = (
-            select(Job.id)
-            .where(Job.state == JobState.queued, Job.available_at <= db_now(), _runnable_by(session, worker))
-            .order_by(Job.available_at, Job.id)
-            .limit(1)
-            .with_for_update(skip_locked=True)
-            .scalar_subquery()
-        )
-        row = session.execute(
-            update(Job)
-            .where(Job.id == pick, Job.state == JobState.queued)
-            .values(state=JobState.leased, lease_token=token, leased_by=worker.id,
-                    attempts=Job.attempts + 1, lease_expires_at=db_now(lease_seconds), updated_at=db_now())
-            .returning(Job.id, Job.kernel, Job.shape, Job.dtype, Job.kind, Job.lease_expires_at)
-            .execution_options(synchronize_session=False)
-        ).first()
+    row = session.execute(lease_statement(targets, worker.id, digest(token), confirm_seconds)).first()
     if row is None:
         return None
     return Lease(job_id=row.id, lease_token=token, kernel=row.kernel, shape=row.shape, dtype=row.dtype,
@@ -94,16 +109,16 @@ def lease_next(session: Session, worker: Worker, lease_seconds: float) -> Lease 
 
 
 def _current_lease(job_id: int, token: str, worker_id: int) -> ColumnElement[bool]:
-    return and_(Job.id == job_id, Job.lease_token == token, Job.state == JobState.leased,
+    return and_(Job.id == job_id, Job.lease_token == digest(token), Job.state == JobState.leased,
                 Job.leased_by == worker_id)
 
 
 def explain_stale(session: Session, job_id: int, token: str) -> Conflict | NotFound:
-    """The error for a lease that is not (or no longer) the job's current one."""
+    """The error for a lease that is not (or no longer) this worker's current lease on the job."""
     job = session.get(Job, job_id)
     if job is None:
         return NotFound(f"job {job_id} does not exist")
-    if job.lease_token == token and job.state == JobState.done:
+    if job.lease_token == digest(token) and job.state == JobState.done:
         return Conflict(f"job {job_id} is already done with this lease")
     if job.state == JobState.dead:
         return Conflict(f"job {job_id} is dead (it failed {job.attempts} of {job.max_attempts} attempts)")
@@ -112,57 +127,60 @@ def explain_stale(session: Session, job_id: int, token: str) -> Conflict | NotFo
 
 
 def heartbeat(session: Session, worker: Worker, job_id: int, token: str, lease_seconds: float) -> datetime:
-    """Extend the lease when ``token`` is the job's current lease; 409 otherwise."""
-    with immediate(session):
-        expires = session.execute(
-            update(Job).where(_current_lease(job_id, token, worker.id))
-            .values(lease_expires_at=db_now(lease_seconds), updated_at=db_now())
-            .returning(Job.lease_expires_at).execution_options(synchronize_session=False)
-        ).scalar()
-        if expires is None:
-            raise explain_stale(session, job_id, token)
+    """Extend (and confirm) the lease when ``token`` is this worker's current lease; 409 otherwise.
+
+    One UPDATE through the primary key."""
+    expires = session.execute(
+        update(Job).where(_current_lease(job_id, token, worker.id))
+        .values(lease_expires_at=db_now(lease_seconds), lease_confirmed=True, updated_at=db_now())
+        .returning(Job.lease_expires_at).execution_options(synchronize_session=False)
+    ).scalar()
+    if expires is None:
+        raise explain_stale(session, job_id, token)
     return expires
 
 
 def fail(session: Session, worker: Worker, job_id: int, token: str, error: str,
          base: float, cap: float) -> Transition:
     """Count a failed attempt: requeue with exponential backoff, or mark dead at max_attempts."""
-    with immediate(session):
-        job = session.scalars(select(Job).where(_current_lease(job_id, token, worker.id))).first()
-        if job is None:
-            raise explain_stale(session, job_id, token)
-        done = _requeue_or_kill(session, job, token, error, base, cap)
-        if done is None:
-            raise explain_stale(session, job_id, token)
-        return done
+    job = session.scalars(select(Job).where(_current_lease(job_id, token, worker.id))).first()
+    if job is None:
+        raise explain_stale(session, job_id, token)
+    done = _requeue_or_kill(session, job, error, base, cap)
+    if done is None:
+        raise explain_stale(session, job_id, token)
+    return done
 
 
 def release(session: Session, worker: Worker, job_id: int, token: str) -> Transition:
     """Give a leased job back (graceful shutdown); the attempt does not count."""
-    with immediate(session):
-        row = session.execute(
-            update(Job).where(_current_lease(job_id, token, worker.id))
-            .values(state=JobState.queued, attempts=Job.attempts - 1, lease_token=None, leased_by=None,
-                    lease_expires_at=None, available_at=db_now(), updated_at=db_now())
-            .returning(Job.id, Job.state, Job.attempts, Job.max_attempts, Job.available_at)
-            .execution_options(synchronize_session=False)
-        ).first()
-        if row is None:
-            raise explain_stale(session, job_id, token)
+    row = session.execute(
+        update(Job).where(_current_lease(job_id, token, worker.id))
+        .values(**_REQUEUE_NOW, attempts=Job.attempts - 1)
+        .returning(Job.id, Job.state, Job.attempts, Job.max_attempts, Job.available_at)
+        .execution_options(synchronize_session=False)
+    ).first()
+    if row is None:
+        raise explain_stale(session, job_id, token)
     return Transition(row.id, row.state, row.attempts, row.max_attempts, row.available_at)
 
 
-def _requeue_or_kill(session: Session, job: Job, token: str, error: str, base: float, cap: float,
+# back in the queue at once, the lease forgotten (release, and unconfirmed leases that ran out)
+_REQUEUE_NOW = dict(state=JobState.queued, lease_token=None, leased_by=None, lease_expires_at=None,
+                    lease_confirmed=False, available_at=db_now(), updated_at=db_now())
+
+
+def _requeue_or_kill(session: Session, job: Job, error: str, base: float, cap: float,
                      *, only_if_expired: bool = False) -> Transition | None:
     dead = job.attempts >= job.max_attempts
     delay = backoff_seconds(job.attempts, base, cap)
-    where = [Job.id == job.id, Job.lease_token == token, Job.state == JobState.leased]
+    where = [Job.id == job.id, Job.lease_token == job.lease_token, Job.state == JobState.leased]
     if only_if_expired:  # a heartbeat may have extended it since we looked
         where.append(Job.lease_expires_at < db_now())
     row = session.execute(
         update(Job).where(*where)
         .values(state=JobState.dead if dead else JobState.queued,
-                lease_token=None, leased_by=None, lease_expires_at=None,
+                lease_token=None, leased_by=None, lease_expires_at=None, lease_confirmed=False,
                 available_at=db_now(0 if dead else delay),
                 finished_at=db_now() if dead else None,
                 last_error=error[:8000], updated_at=db_now())
@@ -188,18 +206,32 @@ def _unconfirmable(session: Session, job_id: int, error: str) -> None:
     )
 
 
+def _refund_unconfirmed(session: Session) -> list[Transition]:
+    """Requeue, at once and with the attempt given back, every lease nobody confirmed in time: the
+    worker never got it (its lease request was abandoned), so nothing ran."""
+    rows = session.execute(
+        update(Job)
+        .where(Job.state == JobState.leased, Job.lease_confirmed.is_(False), Job.lease_expires_at < db_now())
+        .values(**_REQUEUE_NOW, attempts=Job.attempts - 1)
+        .returning(Job.id, Job.state, Job.attempts, Job.max_attempts, Job.available_at)
+        .execution_options(synchronize_session=False)
+    ).all()
+    return [Transition(r.id, r.state, r.attempts, r.max_attempts, r.available_at) for r in rows]
+
+
 def reap_expired(session: Session, base: float, cap: float) -> list[Transition]:
-    """Requeue (with backoff) or kill every job whose lease has expired. Runs in the caller's transaction."""
+    """Requeue (with backoff) or kill every job whose confirmed lease has expired, and requeue unconfirmed
+    ones without spending their attempt. Runs in the caller's transaction."""
+    out = _refund_unconfirmed(session)
     expired = session.scalars(
         select(Job).where(Job.state == JobState.leased, Job.lease_expires_at < db_now()).order_by(Job.id)
     ).all()
-    out: list[Transition] = []
     for job in expired:
         if job.lease_token is None:
             continue
         who = f"worker {job.leased_by}" if job.leased_by is not None else "its worker"
         why = f"lease expired: {who} stopped sending heartbeats"
-        done = _requeue_or_kill(session, job, job.lease_token, why, base, cap, only_if_expired=True)
+        done = _requeue_or_kill(session, job, why, base, cap, only_if_expired=True)
         if done is not None:
             out.append(done)
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -51,8 +52,8 @@ def ensure_current(engine: Engine) -> None:
         )
 
 
-def make_checked_engine(database_url: str) -> Engine:
-    engine = make_engine(database_url)
+def make_checked_engine(database_url: str, **engine_options: Any) -> Engine:
+    engine = make_engine(database_url, **engine_options)
     try:
         ensure_current(engine)
     except Exception:

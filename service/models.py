@@ -126,12 +126,32 @@ class Campaign(Base):
     jobs: Mapped[list[Job]] = relationship(back_populates="campaign", lazy="raise")
 
 
+class JobTarget(Base):
+    """One distinct (backend, chip glob) that jobs were created for. A handful of rows: the lease
+    matches a worker against these in Python, then picks from the jobs of the matching targets through
+    ``ix_jobs_queued_target`` (never a scan over all queued jobs)."""
+
+    __tablename__ = "job_targets"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(320), unique=True)  # JSON [backend, chip], see service/targets.py
+    target_backend: Mapped[Backend | None] = mapped_column(_enum(Backend))
+    target_chip: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+
+
+QUEUED = text("state = 'queued'")
+
+
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
         Index("ix_jobs_lease_pick", "state", "available_at", "id"),
         Index("ix_jobs_campaign_state", "campaign_id", "state"),
         Index("ix_jobs_leased_expiry", "state", "lease_expires_at"),
+        # the lease's pick: per target, the oldest available queued job (partial: queued jobs only)
+        Index("ix_jobs_queued_target", "target_id", "available_at", "id",
+              postgresql_where=QUEUED, sqlite_where=QUEUED),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -142,10 +162,14 @@ class Job(Base):
     dtype: Mapped[str] = mapped_column(String(16))
     target_backend: Mapped[Backend | None] = mapped_column(_enum(Backend))
     target_chip: Mapped[str | None] = mapped_column(String(128))  # exact chip or glob pattern
+    target_id: Mapped[int] = mapped_column(ForeignKey("job_targets.id"))
     state: Mapped[JobState] = mapped_column(_enum(JobState), default=JobState.queued)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer)
-    lease_token: Mapped[str | None] = mapped_column(String(64))
+    lease_token: Mapped[str | None] = mapped_column(String(64))  # SHA-256 hex digest, never the token
+    # False until the worker's first heartbeat confirms it got the lease; an unconfirmed lease runs out
+    # after settings.lease_confirm_seconds and is requeued without spending its attempt
+    lease_confirmed: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
     leased_by: Mapped[int | None] = mapped_column(ForeignKey("workers.id", ondelete="SET NULL"), index=True)
     lease_expires_at: Mapped[datetime | None] = mapped_column(TZ)
     available_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
@@ -173,7 +197,7 @@ class Result(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), unique=True)
     worker_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id", ondelete="SET NULL"))
-    lease_token: Mapped[str | None] = mapped_column(String(64))
+    lease_token: Mapped[str | None] = mapped_column(String(64))  # SHA-256 hex digest of the lease token
     payload_digest: Mapped[str] = mapped_column(String(64))
     response: Mapped[dict[str, Any]] = mapped_column(JSON)  # what the completion call answered
     source: Mapped[str] = mapped_column(String(16), default="lease")  # lease | import

@@ -19,7 +19,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
-from kernelfleet.service.deps import require_admin, require_dashboard, require_worker
+from kernelfleet.service.deps import require_admin, require_dashboard, worker_call
 from kernelfleet.service.routes import route_templates
 from kernelfleet.service.settings import Settings
 
@@ -60,7 +60,7 @@ def _error_codes(route: APIRoute, path: str, method: str, settings: Settings) ->
     calls = set(_calls(route.dependant))
     if require_admin in calls:
         codes |= {401, 403}
-    if require_worker in calls:
+    if worker_call in calls:
         codes.add(401)
     if require_dashboard in calls and not settings.dashboard_public:
         codes |= {401, 403}

@@ -1,35 +1,43 @@
 """The reaper: a background task in the app's lifespan that requeues expired leases (with backoff)
-or marks their jobs dead at max_attempts. On PostgreSQL each pass runs under a transaction-level
-advisory lock, so only one coordinator replica reaps at a time."""
+or marks their jobs dead at max_attempts, and requeues unconfirmed leases that ran out with their
+attempt refunded. One process reaps at a time (:mod:`kernelfleet.service.locks`): on PostgreSQL
+each pass runs under the advisory lock ``reaper`` for its transaction, on SQLite under an ``flock``
+on ``<database>.reaper.lock``; a process that does not get it skips the pass."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
-from sqlalchemy import func, select, update
+from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
 from kernelfleet.service import metrics
 from kernelfleet.service.db import db_now, immediate, is_sqlite
 from kernelfleet.service.leasing import Transition, reap_expired
+from kernelfleet.service.locks import file_lock, pg_try_lock
 from kernelfleet.service.models import Job, JobState
 from kernelfleet.service.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-REAPER_LOCK_KEY = 0x4B46_5245  # "KFRE"
-
 
 def reap_once(session_factory: sessionmaker[Session], settings: Settings) -> list[Transition]:
-    """One reaper pass; returns the jobs it requeued or killed (empty when another replica holds the lock)."""
-    with session_factory() as session, immediate(session):
-        bind = session.get_bind()
-        if not is_sqlite(bind.engine) and not session.scalar(
-            select(func.pg_try_advisory_xact_lock(REAPER_LOCK_KEY))
-        ):
-            return []
-        moved = reap_expired(session, settings.requeue_backoff_seconds, settings.requeue_backoff_max_seconds)
+    """One reaper pass; returns the jobs it requeued or killed (empty when another process holds the lock)."""
+    with session_factory() as session:
+        if is_sqlite(session.get_bind().engine):
+            with file_lock(session, "reaper") as mine:
+                if not mine:
+                    return []
+                with immediate(session):
+                    moved = reap_expired(session, settings.requeue_backoff_seconds,
+                                         settings.requeue_backoff_max_seconds)
+        else:
+            with session.begin():  # the lock lasts until this transaction ends
+                if not pg_try_lock(session, "reaper"):
+                    return []
+                moved = reap_expired(session, settings.requeue_backoff_seconds,
+                                     settings.requeue_backoff_max_seconds)
     for t in moved:
         logger.info("reaper: job %s lease expired -> %s (attempt %s of %s)", t.job_id, t.state.value,
                     t.attempts, t.max_attempts)

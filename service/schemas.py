@@ -323,6 +323,7 @@ class JobOut(BaseModel):
     attempts: int
     max_attempts: int
     leased_by: int | None
+    lease_confirmed: bool  # the leasing worker's first heartbeat arrived
     lease_expires_at: OptUtcTime
     available_at: UtcTime
     created_at: UtcTime
@@ -334,7 +335,9 @@ class JobOut(BaseModel):
 # ---- leasing ----
 
 class LeaseIn(Strict):
-    pass
+    # wait up to this long for work when none is queued (long-poll); the coordinator caps it at
+    # KERNELFLEET_LEASE_WAIT_MAX_SECONDS
+    wait_seconds: Annotated[float, Field(ge=0.0, le=3600.0)] = 0.0
 
 
 class LeaseOut(BaseModel):
@@ -344,7 +347,7 @@ class LeaseOut(BaseModel):
     shape: str
     dtype: str
     kind: str
-    lease_expires_at: UtcTime
+    lease_expires_at: UtcTime  # a first, short deadline: confirm the lease with a heartbeat before it
     lease_seconds: float
 
 

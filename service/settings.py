@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from platformdirs import user_data_dir
 from pydantic import Field
@@ -38,8 +39,25 @@ class Settings(BaseSettings):
     requeue_backoff_seconds: float = 5.0
     requeue_backoff_max_seconds: float = 300.0
     reaper_interval_seconds: float = 5.0
+    # a fresh lease runs out after this unless the worker confirms it (its first heartbeat)
+    lease_confirm_seconds: float = 30.0
+    # idle workers: a lease request may wait this long for work (long-poll); one query per
+    # lease_poll_seconds per process looks for work for all waiting requests; a 204 says
+    # `Retry-After: idle_retry_seconds`
+    lease_wait_max_seconds: float = 20.0
+    lease_poll_seconds: float = 1.0
+    idle_retry_seconds: int = 10
     enrollment_token_ttl_seconds: float = 3600.0
     worker_offline_after_seconds: float = 300.0
+    # database connections per process, and the threads that run sync routes (default: one per
+    # connection, so a thread never waits for a connection)
+    db_pool_size: int = 20
+    db_max_overflow: int = 5
+    db_pool_timeout_seconds: float = 30.0
+    threadpool_size: int | None = None
+    # of those threads, at most this many store results at once (a real report costs ~100 ms of CPU):
+    # the rest keep serving heartbeats and leases while results queue
+    result_concurrency: int = 4
     # request limits
     max_body_bytes: int = 4 * 1024 * 1024
     # dashboard
@@ -52,6 +70,15 @@ class Settings(BaseSettings):
     # regression detection
     regression_min_effect: float = 0.03
     regression_history_runs: int = 20
+
+    def engine_options(self) -> dict[str, Any]:
+        return {"pool_size": self.db_pool_size, "max_overflow": self.db_max_overflow,
+                "pool_timeout": self.db_pool_timeout_seconds}
+
+    def threads(self) -> int:
+        """Threads for sync routes other than result storage (see :attr:`result_concurrency`)."""
+        total = self.threadpool_size or self.db_pool_size + self.db_max_overflow
+        return max(1, total - self.result_concurrency)
 
     @property
     def is_local(self) -> bool:

@@ -87,6 +87,7 @@ class Coordinator:
     admin_token: str = field(default_factory=lambda: "adm-" + secrets.token_urlsafe(24))
     port: int = field(default_factory=free_port)
     env_overrides: dict[str, str] = field(default_factory=dict)
+    serve_args: tuple[str, ...] = ()  # more `kernelfleet serve` options, e.g. ("--workers", "2")
     proc: subprocess.Popen[bytes] | None = None
     _logs: int = 0
 
@@ -117,7 +118,7 @@ class Coordinator:
         self._logs += 1
         log = open(self.log_path, "wb")  # noqa: SIM115 - closed with the process
         self.proc = subprocess.Popen(
-            kernelfleet_cmd("serve", "--host", "127.0.0.1", "--port", str(self.port)),
+            kernelfleet_cmd("serve", "--host", "127.0.0.1", "--port", str(self.port), *self.serve_args),
             env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         deadline = time.monotonic() + timeout

@@ -1,5 +1,6 @@
-"""docker-compose.yml: the services it promises, in the right order, and every command it runs is
-a real `kernelfleet` command (checked by running it with --help)."""
+"""docker-compose.yml: the services it promises, in the right order, every command it runs is a real
+`kernelfleet` command (checked by running it with --help), and its load balancer's config
+(deploy/nginx.conf, parsed with nginx's own parser, crossplane) agrees with its coordinators."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import crossplane
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,15 +34,33 @@ def cli_words(command: list[str]) -> list[str]:
     return words
 
 
+def coordinators(services: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {name: s for name, s in services.items()
+            if s.get("command") and cli_words(s["command"]) == ["serve"]}
+
+
+def option(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
 def test_services_and_their_order() -> None:
     services = load()["services"]
-    assert {"postgres", "migrate", "coordinator"} <= set(services)
+    assert {"postgres", "migrate", "lb"} <= set(services)
+    replicas = coordinators(services)
+    assert len(replicas) >= 2, "two coordinator replicas behind the load balancer"
     assert "healthcheck" in services["postgres"]
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
-    assert services["coordinator"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
     assert cli_words(services["migrate"]["command"]) == ["db", "upgrade"]
-    assert cli_words(services["coordinator"]["command"]) == ["serve"]
-    for name in ("migrate", "coordinator"):
+    for name, replica in replicas.items():
+        assert replica["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+        assert "healthcheck" in replica
+        assert "ports" not in replica, f"{name}: only the load balancer is published"
+        assert services["lb"]["depends_on"][name]["condition"] == "service_healthy"
+    # replicas share nothing but the database: the same settings, no volumes
+    envs = [r["environment"] for r in replicas.values()]
+    assert all(env == envs[0] for env in envs)
+    assert not any("volumes" in r for r in replicas.values())
+    for name in ("migrate", *replicas):
         env = services[name]["environment"]
         assert all(k.startswith("KERNELFLEET_") for k in env), env
         assert env["KERNELFLEET_DATABASE_URL"].startswith("postgresql://")
@@ -65,3 +85,48 @@ def test_every_command_is_a_real_cli_command() -> None:
         options = [w.split("=")[0] for w in command[1:] if w.startswith("--")]
         for option in options:
             assert option in r.stdout, f"`kernelfleet {' '.join(words)}` has no option {option}"
+
+
+def nginx_config() -> list[dict[str, Any]]:
+    """The parsed directives of the config file the lb service mounts as nginx.conf."""
+    lb = load()["services"]["lb"]
+    assert lb["image"].startswith("nginx:")
+    mounts = [v.split(":") for v in lb["volumes"]]
+    (source,) = [src for src, dst, *_ in mounts if dst == "/etc/nginx/nginx.conf"]
+    parsed = crossplane.parse(str(ROOT / source), single=True)
+    assert parsed["status"] == "ok", parsed["errors"]
+    return list(parsed["config"][0]["parsed"])
+
+
+def directives(block: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    """Every directive called ``name`` in ``block`` and the blocks inside it."""
+    found = []
+    for d in block:
+        if d["directive"] == name:
+            found.append(d)
+        found.extend(directives(d.get("block", []), name))
+    return found
+
+
+def test_load_balancer_and_coordinators_agree() -> None:
+    services = load()["services"]
+    replicas = coordinators(services)
+    config = nginx_config()
+    (upstream,) = directives(config, "upstream")
+    servers = {d["args"][0] for d in directives(upstream["block"], "server")}
+    assert servers == {f"{name}:{option(r['command'], '--port')}" for name, r in replicas.items()}
+    (proxy_pass,) = directives(config, "proxy_pass")
+    assert proxy_pass["args"] == [f"http://{upstream['args'][0]}"]
+    (listen,) = directives(config, "listen")
+    assert services["lb"]["ports"] == [f"8600:{listen['args'][0]}"]
+    # the balancer lets through what a coordinator accepts and waits as long as a lease may
+    from kernelfleet.service.settings import Settings
+
+    defaults = Settings(database_url="sqlite://")
+    (body,) = directives(config, "client_max_body_size")
+    assert body["args"] == [f"{defaults.max_body_bytes // 2**20}m"]
+    (read_timeout,) = directives(config, "proxy_read_timeout")
+    assert float(read_timeout["args"][0].removesuffix("s")) > defaults.lease_wait_max_seconds
+    # a POST is never replayed on another replica (no "non_idempotent" retry)
+    (next_upstream,) = directives(config, "proxy_next_upstream")
+    assert "non_idempotent" not in next_upstream["args"]

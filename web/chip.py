@@ -10,7 +10,7 @@ from fastapi import Query, Request
 from fastapi.responses import HTMLResponse
 from sqlalchemy import select
 
-from kernelfleet.service.deps import SessionDep
+from kernelfleet.service.deps import DbDep
 from kernelfleet.service.models import Result, Worker
 from kernelfleet.web.errors import PageNotFound
 from kernelfleet.web.figures import series_figure
@@ -26,56 +26,57 @@ Name = Annotated[str | None, Query(max_length=128)]
 @router.get("/chips/{chip:path}", response_class=HTMLResponse)
 def chip_page(
     request: Request,
-    session: SessionDep,
+    db: DbDep,
     chip: str,
     kernel: Name = None,
     dtype: Name = None,
     mlx: Name = None,
     runs: Annotated[int, Query(ge=2, le=1000)] = 100,
 ) -> HTMLResponse:
-    kernels = kernels_on(session, chip)
-    workers = session.execute(
-        select(Worker.name, Worker.id, Worker.backend).where(Worker.chip == chip).order_by(Worker.name)
-    ).all()
-    if not kernels and not workers:
-        raise PageNotFound(
-            f"no chip called {chip!r}: no worker on it has enrolled and no results came from it",
-            hint="See the chips page for the chips KernelFleet knows.",
+    with db() as session:
+        kernels = kernels_on(session, chip)
+        workers = session.execute(
+            select(Worker.name, Worker.id, Worker.backend).where(Worker.chip == chip).order_by(Worker.name)
+        ).all()
+        if not kernels and not workers:
+            raise PageNotFound(
+                f"no chip called {chip!r}: no worker on it has enrolled and no results came from it",
+                hint="See the chips page for the chips KernelFleet knows.",
+            )
+        names = [k for k, _ in kernels]
+        if kernel is not None and kernel not in names:
+            raise PageNotFound(
+                f"no results for kernel {kernel!r} on {chip}",
+                hint=f"Kernels with results on this chip: {', '.join(names) or 'none yet'}.",
+            )
+        selected = kernel or (names[0] if names else None)
+        where = [Result.chip == chip]
+        if dtype:
+            where.append(Result.dtype == dtype)
+        if mlx:
+            where.append(Result.mlx_version == mlx)
+        summary = latest_runs(session, *where, Result.kernel == selected) if selected else []
+        charts = []
+        if selected is not None:
+            extra = [c for c in where[1:]]
+            for shape, points in run_points(session, chip, selected, runs, *extra).items():
+                charts.append({"shape": shape, "figure": series_figure(points), "runs": len(points)})
+        dtypes = distinct_values(session, Result.dtype, Result.chip == chip)
+        versions = distinct_values(session, Result.mlx_version, Result.chip == chip)
+        return page(
+            request,
+            "chip.html",
+            title=chip,
+            chip=chip,
+            kernels=kernels,
+            selected=selected,
+            charts=charts,
+            summary=summary,
+            dtypes=dtypes,
+            versions=versions,
+            dtype=dtype,
+            mlx=mlx,
+            runs=runs,
+            workers=workers,
+            now=db_clock(session),
         )
-    names = [k for k, _ in kernels]
-    if kernel is not None and kernel not in names:
-        raise PageNotFound(
-            f"no results for kernel {kernel!r} on {chip}",
-            hint=f"Kernels with results on this chip: {', '.join(names) or 'none yet'}.",
-        )
-    selected = kernel or (names[0] if names else None)
-    where = [Result.chip == chip]
-    if dtype:
-        where.append(Result.dtype == dtype)
-    if mlx:
-        where.append(Result.mlx_version == mlx)
-    summary = latest_runs(session, *where, Result.kernel == selected) if selected else []
-    charts = []
-    if selected is not None:
-        extra = [c for c in where[1:]]
-        for shape, points in run_points(session, chip, selected, runs, *extra).items():
-            charts.append({"shape": shape, "figure": series_figure(points), "runs": len(points)})
-    dtypes = distinct_values(session, Result.dtype, Result.chip == chip)
-    versions = distinct_values(session, Result.mlx_version, Result.chip == chip)
-    return page(
-        request,
-        "chip.html",
-        title=chip,
-        chip=chip,
-        kernels=kernels,
-        selected=selected,
-        charts=charts,
-        summary=summary,
-        dtypes=dtypes,
-        versions=versions,
-        dtype=dtype,
-        mlx=mlx,
-        runs=runs,
-        workers=workers,
-        now=db_clock(session),
-    )

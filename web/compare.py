@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy import ColumnElement
 from sqlalchemy.orm import Session
 
-from kernelfleet.service.deps import SessionDep
+from kernelfleet.service.deps import DbDep
 from kernelfleet.service.models import Result
 from kernelfleet.web.errors import BadParam, PageNotFound
 from kernelfleet.web.figures import geomean, ratio_figure
@@ -78,7 +78,7 @@ def _pairs(a_runs: list[Latest], b_runs: list[Latest]) -> list[KernelSummary]:
 @router.get("/compare", response_class=HTMLResponse)
 def compare(
     request: Request,
-    session: SessionDep,
+    db: DbDep,
     a: Name = None,
     b: Name = None,
     chip: Name = None,
@@ -86,73 +86,74 @@ def compare(
     mlx_b: Name = None,
     dtype: Name = None,
 ) -> HTMLResponse:
-    chips = distinct_values(session, Result.chip)
-    extra = [Result.dtype == dtype] if dtype else []
-    mode = "chips" if (a or b) else "versions" if (mlx_a or mlx_b) else "choose"
-    if (a or b) and (chip or mlx_a or mlx_b):
-        raise BadParam(
-            "choose one comparison: two chips (a, b) or two MLX versions on one chip "
-            "(chip, mlx_a, mlx_b), not both"
-        )
-    label_a = label_b = ""
-    summaries: list[KernelSummary] = []
-    only_a = only_b = 0
-    versions = distinct_values(session, Result.mlx_version, Result.chip == chip) if chip else []
-    if mode == "chips":
-        if not (a and b):
-            raise BadParam("comparing chips needs both a and b, e.g. /compare?a=CHIP&b=OTHER_CHIP")
-        if a == b:
-            raise BadParam("a and b are the same chip; pick two different chips")
-        a_runs, b_runs = _side(session, chips, a, *extra), _side(session, chips, b, *extra)
-        label_a, label_b = a, b
-    elif mode == "versions":
-        if not (chip and mlx_a and mlx_b):
+    with db() as session:
+        chips = distinct_values(session, Result.chip)
+        extra = [Result.dtype == dtype] if dtype else []
+        mode = "chips" if (a or b) else "versions" if (mlx_a or mlx_b) else "choose"
+        if (a or b) and (chip or mlx_a or mlx_b):
             raise BadParam(
-                "comparing MLX versions needs chip, mlx_a and mlx_b, "
-                "e.g. /compare?chip=CHIP&mlx_a=0.32.3&mlx_b=0.32.4"
+                "choose one comparison: two chips (a, b) or two MLX versions on one chip "
+                "(chip, mlx_a, mlx_b), not both"
             )
-        if mlx_a == mlx_b:
-            raise BadParam("mlx_a and mlx_b are the same version; pick two different versions")
-        for v in (mlx_a, mlx_b):
-            if chip in chips and v not in versions:
-                raise PageNotFound(
-                    f"no results on {chip} with MLX {v}",
-                    hint=f"MLX versions with results on {chip}: {', '.join(versions)}.",
+        label_a = label_b = ""
+        summaries: list[KernelSummary] = []
+        only_a = only_b = 0
+        versions = distinct_values(session, Result.mlx_version, Result.chip == chip) if chip else []
+        if mode == "chips":
+            if not (a and b):
+                raise BadParam("comparing chips needs both a and b, e.g. /compare?a=CHIP&b=OTHER_CHIP")
+            if a == b:
+                raise BadParam("a and b are the same chip; pick two different chips")
+            a_runs, b_runs = _side(session, chips, a, *extra), _side(session, chips, b, *extra)
+            label_a, label_b = a, b
+        elif mode == "versions":
+            if not (chip and mlx_a and mlx_b):
+                raise BadParam(
+                    "comparing MLX versions needs chip, mlx_a and mlx_b, "
+                    "e.g. /compare?chip=CHIP&mlx_a=0.32.3&mlx_b=0.32.4"
                 )
-        a_runs = _side(session, chips, chip, Result.mlx_version == mlx_a, *extra)
-        b_runs = _side(session, chips, chip, Result.mlx_version == mlx_b, *extra)
-        label_a, label_b = f"MLX {mlx_a}", f"MLX {mlx_b}"
-    else:
-        a_runs = b_runs = []
-    if mode != "choose":
-        summaries = _pairs(a_runs, b_runs)
-        matched = sum(len(s.pairs) for s in summaries)
-        only_a, only_b = len(a_runs) - matched, len(b_runs) - matched
-    figure = (
-        ratio_figure([s.kernel for s in summaries], [s.ratio for s in summaries], label_a, label_b)
-        if summaries
-        else None
-    )
-    dtypes = distinct_values(session, Result.dtype)
-    return page(
-        request,
-        "compare.html",
-        title="Compare",
-        mode=mode,
-        chips=chips,
-        a=a,
-        b=b,
-        chip=chip,
-        mlx_a=mlx_a,
-        mlx_b=mlx_b,
-        dtype=dtype,
-        dtypes=dtypes,
-        versions=versions,
-        label_a=label_a,
-        label_b=label_b,
-        summaries=summaries,
-        figure=figure,
-        only_a=only_a,
-        only_b=only_b,
-        now=db_clock(session),
-    )
+            if mlx_a == mlx_b:
+                raise BadParam("mlx_a and mlx_b are the same version; pick two different versions")
+            for v in (mlx_a, mlx_b):
+                if chip in chips and v not in versions:
+                    raise PageNotFound(
+                        f"no results on {chip} with MLX {v}",
+                        hint=f"MLX versions with results on {chip}: {', '.join(versions)}.",
+                    )
+            a_runs = _side(session, chips, chip, Result.mlx_version == mlx_a, *extra)
+            b_runs = _side(session, chips, chip, Result.mlx_version == mlx_b, *extra)
+            label_a, label_b = f"MLX {mlx_a}", f"MLX {mlx_b}"
+        else:
+            a_runs = b_runs = []
+        if mode != "choose":
+            summaries = _pairs(a_runs, b_runs)
+            matched = sum(len(s.pairs) for s in summaries)
+            only_a, only_b = len(a_runs) - matched, len(b_runs) - matched
+        figure = (
+            ratio_figure([s.kernel for s in summaries], [s.ratio for s in summaries], label_a, label_b)
+            if summaries
+            else None
+        )
+        dtypes = distinct_values(session, Result.dtype)
+        return page(
+            request,
+            "compare.html",
+            title="Compare",
+            mode=mode,
+            chips=chips,
+            a=a,
+            b=b,
+            chip=chip,
+            mlx_a=mlx_a,
+            mlx_b=mlx_b,
+            dtype=dtype,
+            dtypes=dtypes,
+            versions=versions,
+            label_a=label_a,
+            label_b=label_b,
+            summaries=summaries,
+            figure=figure,
+            only_a=only_a,
+            only_b=only_b,
+            now=db_clock(session),
+        )

@@ -1,5 +1,6 @@
-"""Fleet page (``/``): every worker with its chip, backend, status, last heartbeat, current job and
-results per day; totals for the fleet."""
+"""Fleet page (``/``): the workers, a page of PAGE_SIZE at a time, with chip, backend, status, last
+heartbeat, current job and results per day; per-status counts (SQL aggregates over the whole fleet,
+so they are right at 10,000 workers) and totals for the fleet."""
 
 from __future__ import annotations
 
@@ -9,20 +10,21 @@ from typing import Annotated, Any
 
 from fastapi import Query, Request
 from fastapi.responses import HTMLResponse
-from sqlalchemy import case, func, select
+from sqlalchemy import ColumnElement, case, func, select
 from sqlalchemy.orm import Session
 
 from kernelfleet.service.db import db_now
-from kernelfleet.service.deps import SessionDep, SettingsDep
+from kernelfleet.service.deps import DbDep, SettingsDep
 from kernelfleet.service.models import Job, JobState, Regression, RegressionStatus, Result, Worker
 from kernelfleet.web.figures import results_per_day_figure
-from kernelfleet.web.render import db_clock, page, utc
+from kernelfleet.web.render import db_clock, utc
+from kernelfleet.web.render import page as page_response
 from kernelfleet.web.routing import page_router
 from kernelfleet.web.sql import utc_day
 
 router = page_router()
 
-MAX_WORKERS = 500
+PAGE_SIZE = 100
 STATUSES = ("online", "offline", "revoked")
 
 
@@ -42,46 +44,45 @@ class WorkerRow:
     results_week: int = 0
 
 
-def _workers(session: Session, offline_after: float, status: str | None, chip: str | None) -> list[WorkerRow]:
-    state = case(
+def _status(offline_after: float) -> ColumnElement[str]:
+    return case(
         (Worker.revoked_at.is_not(None), "revoked"),
         (Worker.last_heartbeat_at >= db_now(-offline_after), "online"),
         else_="offline",
-    ).label("status")
+    )
+
+
+def _summary(session: Session, offline_after: float, chip: str | None) -> dict[str, int]:
+    """Workers per status, counted in SQL over the whole fleet (or one chip), whatever page is shown."""
+    status = _status(offline_after).label("status")
+    q = select(status, func.count()).group_by(status)
+    if chip:
+        q = q.where(Worker.chip == chip)
+    counts = {str(s): int(n) for s, n in session.execute(q)}
+    return {s: counts.get(s, 0) for s in STATUSES}
+
+
+def _workers(session: Session, offline_after: float, status: str | None, chip: str | None,
+             offset: int) -> list[WorkerRow]:
+    """One page of workers (PAGE_SIZE rows), filtered in SQL."""
+    state = _status(offline_after)
     q = (
-        select(
-            Worker.id,
-            Worker.name,
-            Worker.chip,
-            Worker.backend,
-            Worker.os,
-            Worker.mlx_version,
-            state,
-            Worker.last_heartbeat_at,
-        )
+        select(Worker.id, Worker.name, Worker.chip, Worker.backend, Worker.os, Worker.mlx_version,
+               state.label("status"), Worker.last_heartbeat_at)
         .order_by(Worker.chip, Worker.name, Worker.id)
-        .limit(MAX_WORKERS)
+        .limit(PAGE_SIZE)
+        .offset(offset)
     )
     if chip:
         q = q.where(Worker.chip == chip)
-    rows = [
-        WorkerRow(
-            id=r.id,
-            name=r.name,
-            chip=r.chip,
-            backend=str(r.backend),
-            os=r.os,
-            mlx_version=r.mlx_version,
-            status=r.status,
-            last_heartbeat_at=r.last_heartbeat_at,
-            job=None,
-            job_id=None,
-        )
+    if status:
+        q = q.where(state == status)
+    return [
+        WorkerRow(id=r.id, name=r.name, chip=r.chip, backend=str(r.backend), os=r.os,
+                  mlx_version=r.mlx_version, status=r.status, last_heartbeat_at=r.last_heartbeat_at,
+                  job=None, job_id=None)
         for r in session.execute(q)
     ]
-    if status:
-        rows = [r for r in rows if r.status == status]
-    return rows
 
 
 def _current_jobs(session: Session, rows: list[WorkerRow]) -> None:
@@ -144,35 +145,41 @@ def _totals(session: Session) -> dict[str, int]:
 @router.get("/", response_class=HTMLResponse)
 def fleet(
     request: Request,
-    session: SessionDep,
+    db: DbDep,
     settings: SettingsDep,
     status: Annotated[str | None, Query(pattern="^(online|offline|revoked)$")] = None,
     chip: Annotated[str | None, Query(max_length=128)] = None,
     days: Annotated[int, Query(ge=1, le=90)] = 14,
+    offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
 ) -> HTMLResponse:
-    now = db_clock(session)
-    all_rows = _workers(session, settings.worker_offline_after_seconds, None, chip)
-    rows = [r for r in all_rows if status is None or r.status == status]
-    _current_jobs(session, rows)
-    labels, counts = _per_day(session, rows, now, days)
-    shown = {k[0] for k in counts}
-    workers = [f"{r.name} (#{r.id})" for r in rows if f"{r.name} (#{r.id})" in shown]
-    figure = results_per_day_figure(labels, workers, counts) if counts else None
-    summary = {s: sum(1 for r in all_rows if r.status == s) for s in STATUSES}
-    chips = session.scalars(select(Worker.chip).distinct().order_by(Worker.chip)).all()
-    return page(
-        request,
-        "fleet.html",
-        title="Fleet",
-        rows=rows,
-        now=now,
-        figure=figure,
-        totals=_totals(session),
-        summary=summary,
-        status=status,
-        chip=chip,
-        chips=chips,
-        days=days,
-        offline_after=settings.worker_offline_after_seconds,
-        utc=utc,
-    )
+    with db() as session:
+        now = db_clock(session)
+        offline_after = settings.worker_offline_after_seconds
+        summary = _summary(session, offline_after, chip)
+        matching = sum(summary.values()) if status is None else summary[status]
+        rows = _workers(session, offline_after, status, chip, offset)
+        _current_jobs(session, rows)
+        labels, counts = _per_day(session, rows, now, days)
+        shown = {k[0] for k in counts}
+        workers = [f"{r.name} (#{r.id})" for r in rows if f"{r.name} (#{r.id})" in shown]
+        figure = results_per_day_figure(labels, workers, counts) if counts else None
+        chips = session.scalars(select(Worker.chip).distinct().order_by(Worker.chip)).all()
+        return page_response(
+            request,
+            "fleet.html",
+            title="Fleet",
+            rows=rows,
+            now=now,
+            figure=figure,
+            totals=_totals(session),
+            summary=summary,
+            status=status,
+            chip=chip,
+            chips=chips,
+            days=days,
+            offset=offset,
+            limit=PAGE_SIZE,
+            matching=matching,
+            offline_after=offline_after,
+            utc=utc,
+        )

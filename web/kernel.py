@@ -13,7 +13,7 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from kernelfleet.service.deps import SessionDep
+from kernelfleet.service.deps import DbDep
 from kernelfleet.service.models import Result
 from kernelfleet.web.errors import PageNotFound
 from kernelfleet.web.figures import config_heatmap, speedup_figure
@@ -60,63 +60,64 @@ def _drift(session: Session, kernel: str, latest: list[Latest]) -> list[DriftRow
 
 @router.get("/kernels/{kernel}", response_class=HTMLResponse)
 def kernel_page(
-    request: Request, session: SessionDep, kernel: str, dtype: Name = None, mlx: Name = None
+    request: Request, db: DbDep, kernel: str, dtype: Name = None, mlx: Name = None
 ) -> HTMLResponse:
-    dtypes = distinct_values(session, Result.dtype, Result.kernel == kernel)
-    if not dtypes:
-        raise PageNotFound(
-            f"no results for a kernel called {kernel!r}",
-            hint="The kernels page lists every kernel with results.",
+    with db() as session:
+        dtypes = distinct_values(session, Result.dtype, Result.kernel == kernel)
+        if not dtypes:
+            raise PageNotFound(
+                f"no results for a kernel called {kernel!r}",
+                hint="The kernels page lists every kernel with results.",
+            )
+        if dtype is not None and dtype not in dtypes:
+            raise PageNotFound(
+                f"no {dtype} results for {kernel}", hint=f"Dtypes with results: {', '.join(dtypes)}."
+            )
+        chosen = dtype or next((d for d in PREFERRED_DTYPES if d in dtypes), dtypes[0])
+        where = [Result.kernel == kernel]
+        if mlx:
+            where.append(Result.mlx_version == mlx)
+        latest = latest_runs(session, *where)
+        chips = sorted({r.chip for r in latest})
+        shapes = sorted_shapes([r.shape for r in latest])
+        cells = {(r.chip, r.shape, r.dtype): r for r in latest}
+        table = [(s, d) for s in shapes for d in dtypes if any((c, s, d) in cells for c in chips)]
+        if dtype:
+            table = [(s, d) for s, d in table if d == dtype]
+        chosen_runs = [r for r in latest if r.dtype == chosen]
+        chosen_shapes = sorted_shapes([r.shape for r in chosen_runs])
+        chosen_chips = sorted({r.chip for r in chosen_runs})
+        speed = (
+            speedup_figure(chosen_shapes, chosen_chips, {(r.chip, r.shape): r.speedup for r in chosen_runs})
+            if chosen_runs
+            else None
         )
-    if dtype is not None and dtype not in dtypes:
-        raise PageNotFound(
-            f"no {dtype} results for {kernel}", hint=f"Dtypes with results: {', '.join(dtypes)}."
+        heat = (
+            config_heatmap(
+                chosen_shapes, chosen_chips, {(r.chip, r.shape): r.config_key or "—" for r in chosen_runs}
+            )
+            if chosen_runs
+            else None
         )
-    chosen = dtype or next((d for d in PREFERRED_DTYPES if d in dtypes), dtypes[0])
-    where = [Result.kernel == kernel]
-    if mlx:
-        where.append(Result.mlx_version == mlx)
-    latest = latest_runs(session, *where)
-    chips = sorted({r.chip for r in latest})
-    shapes = sorted_shapes([r.shape for r in latest])
-    cells = {(r.chip, r.shape, r.dtype): r for r in latest}
-    table = [(s, d) for s in shapes for d in dtypes if any((c, s, d) in cells for c in chips)]
-    if dtype:
-        table = [(s, d) for s, d in table if d == dtype]
-    chosen_runs = [r for r in latest if r.dtype == chosen]
-    chosen_shapes = sorted_shapes([r.shape for r in chosen_runs])
-    chosen_chips = sorted({r.chip for r in chosen_runs})
-    speed = (
-        speedup_figure(chosen_shapes, chosen_chips, {(r.chip, r.shape): r.speedup for r in chosen_runs})
-        if chosen_runs
-        else None
-    )
-    heat = (
-        config_heatmap(
-            chosen_shapes, chosen_chips, {(r.chip, r.shape): r.config_key or "—" for r in chosen_runs}
+        drift = _drift(session, kernel, [r for r in latest if dtype is None or r.dtype == dtype])
+        drift.sort(key=lambda d: not d.drift.beyond)  # drifting pairs first, the rest in order
+        versions = distinct_values(session, Result.mlx_version, Result.kernel == kernel)
+        return page(
+            request,
+            "kernel.html",
+            title=kernel,
+            kernel=kernel,
+            chips=chips,
+            table=table,
+            cells=cells,
+            dtypes=dtypes,
+            dtype=dtype,
+            chosen=chosen,
+            mlx=mlx,
+            versions=versions,
+            speed_fig=speed,
+            heat=heat,
+            drift=drift,
+            drift_count=sum(1 for d in drift if d.drift.beyond),
+            now=db_clock(session),
         )
-        if chosen_runs
-        else None
-    )
-    drift = _drift(session, kernel, [r for r in latest if dtype is None or r.dtype == dtype])
-    drift.sort(key=lambda d: not d.drift.beyond)  # drifting pairs first, the rest in order
-    versions = distinct_values(session, Result.mlx_version, Result.kernel == kernel)
-    return page(
-        request,
-        "kernel.html",
-        title=kernel,
-        kernel=kernel,
-        chips=chips,
-        table=table,
-        cells=cells,
-        dtypes=dtypes,
-        dtype=dtype,
-        chosen=chosen,
-        mlx=mlx,
-        versions=versions,
-        speed_fig=speed,
-        heat=heat,
-        drift=drift,
-        drift_count=sum(1 for d in drift if d.drift.beyond),
-        now=db_clock(session),
-    )

@@ -12,7 +12,7 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from kernelfleet.service.deps import SessionDep
+from kernelfleet.service.deps import DbDep
 from kernelfleet.service.models import Profile, Result
 from kernelfleet.service.profiles import counts
 from kernelfleet.web.render import db_clock, page
@@ -99,20 +99,21 @@ def _latest_profiles(session: Session) -> list[ProfileRow]:
 
 
 @router.get("/profiles", response_class=HTMLResponse)
-def profiles(request: Request, session: SessionDep) -> HTMLResponse:
-    rows = _latest_profiles(session)
-    with_profile = {r.chip for r in rows}
-    chips = session.execute(
-        select(Result.chip, func.count().label("runs"), func.max(Result.created_at).label("last"))
-        .group_by(Result.chip)
-        .order_by(Result.chip)
-    ).all()
-    missing = [c for c in chips if c.chip not in with_profile]
-    return page(
-        request,
-        "profiles.html",
-        title="Profiles",
-        rows=rows,
-        missing=missing,
-        now=db_clock(session),
-    )
+def profiles(request: Request, db: DbDep) -> HTMLResponse:
+    with db() as session:
+        rows = _latest_profiles(session)
+        with_profile = {r.chip for r in rows}
+        chips = session.execute(
+            select(Result.chip, func.count().label("runs"), func.max(Result.created_at).label("last"))
+            .group_by(Result.chip)
+            .order_by(Result.chip)
+        ).all()
+        missing = [c for c in chips if c.chip not in with_profile]
+        return page(
+            request,
+            "profiles.html",
+            title="Profiles",
+            rows=rows,
+            missing=missing,
+            now=db_clock(session),
+        )

@@ -13,7 +13,7 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
 
-from kernelfleet.service.deps import SessionDep
+from kernelfleet.service.deps import DbDep
 from kernelfleet.service.models import Job, Regression, RegressionStatus, Result
 from kernelfleet.service.params import RowId
 from kernelfleet.web.errors import PageNotFound
@@ -90,68 +90,71 @@ def _cards(session: Session, regs: list[Regression]) -> list[Card]:
 @router.get("/regressions", response_class=HTMLResponse)
 def regressions(
     request: Request,
-    session: SessionDep,
+    db: DbDep,
     status: Annotated[str, Query(pattern="^(" + "|".join(STATUS_CHOICES) + ")$")] = "active",
     chip: Name = None,
     kernel: Name = None,
     group: Annotated[str | None, Query(max_length=256)] = None,
     offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
 ) -> HTMLResponse:
-    where: list[ColumnElement[bool]] = []
-    if status == "active":
-        where.append(Regression.status.in_(ACTIVE))
-    elif status != "all":
-        where.append(Regression.status == RegressionStatus(status))
-    if chip:
-        where.append(Regression.chip == chip)
-    if kernel:
-        where.append(Regression.kernel == kernel)
-    if group:
-        where.append(Regression.group_key == group)
-    total = session.scalar(select(func.count()).select_from(Regression).where(*where)) or 0
-    regs = list(
-        session.scalars(
-            select(Regression)
-            .where(*where)
-            .order_by(Regression.detected_at.desc(), Regression.id.desc())
-            .limit(PAGE)
-            .offset(offset)
+    with db() as session:
+        where: list[ColumnElement[bool]] = []
+        if status == "active":
+            where.append(Regression.status.in_(ACTIVE))
+        elif status != "all":
+            where.append(Regression.status == RegressionStatus(status))
+        if chip:
+            where.append(Regression.chip == chip)
+        if kernel:
+            where.append(Regression.kernel == kernel)
+        if group:
+            where.append(Regression.group_key == group)
+        total = session.scalar(select(func.count()).select_from(Regression).where(*where)) or 0
+        regs = list(
+            session.scalars(
+                select(Regression)
+                .where(*where)
+                .order_by(Regression.detected_at.desc(), Regression.id.desc())
+                .limit(PAGE)
+                .offset(offset)
+            )
         )
-    )
-    counts = dict(
-        session.execute(select(Regression.status, func.count()).group_by(Regression.status)).tuples().all()
-    )
-    return page(
-        request,
-        "regressions.html",
-        title="Regressions",
-        cards=_cards(session, regs),
-        total=int(total),
-        offset=offset,
-        limit=PAGE,
-        status=status,
-        chip=chip,
-        kernel=kernel,
-        group=group,
-        statuses=STATUS_CHOICES,
-        counts={str(k): int(v) for k, v in counts.items()},
-        chips=distinct_values(session, Regression.chip),
-        kernels=distinct_values(session, Regression.kernel),
-        now=db_clock(session),
-    )
+        counts = dict(
+            session.execute(select(Regression.status, func.count()).group_by(Regression.status))
+            .tuples().all()
+        )
+        return page(
+            request,
+            "regressions.html",
+            title="Regressions",
+            cards=_cards(session, regs),
+            total=int(total),
+            offset=offset,
+            limit=PAGE,
+            status=status,
+            chip=chip,
+            kernel=kernel,
+            group=group,
+            statuses=STATUS_CHOICES,
+            counts={str(k): int(v) for k, v in counts.items()},
+            chips=distinct_values(session, Regression.chip),
+            kernels=distinct_values(session, Regression.kernel),
+            now=db_clock(session),
+        )
 
 
 @router.get("/regressions/{regression_id}", response_class=HTMLResponse)
-def regression(request: Request, session: SessionDep, regression_id: RowId) -> HTMLResponse:
-    reg = session.get(Regression, regression_id)
-    if reg is None:
-        raise PageNotFound(
-            f"no regression with id {regression_id}", hint="The regressions page lists them all."
+def regression(request: Request, db: DbDep, regression_id: RowId) -> HTMLResponse:
+    with db() as session:
+        reg = session.get(Regression, regression_id)
+        if reg is None:
+            raise PageNotFound(
+                f"no regression with id {regression_id}", hint="The regressions page lists them all."
+            )
+        return page(
+            request,
+            "regression.html",
+            title=f"Regression {reg.id}",
+            c=_cards(session, [reg])[0],
+            now=db_clock(session),
         )
-    return page(
-        request,
-        "regression.html",
-        title=f"Regression {reg.id}",
-        c=_cards(session, [reg])[0],
-        now=db_clock(session),
-    )

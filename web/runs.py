@@ -6,7 +6,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 from sqlalchemy import case, select
 
-from kernelfleet.service.deps import SessionDep
+from kernelfleet.service.deps import DbDep
 from kernelfleet.service.models import Result, Trial, TrialStatus, Worker
 from kernelfleet.service.params import RowId
 from kernelfleet.web.errors import PageNotFound
@@ -20,52 +20,54 @@ BOXES = 8
 
 
 @router.get("/runs/{result_id}", response_class=HTMLResponse)
-def run(request: Request, session: SessionDep, result_id: RowId) -> HTMLResponse:
-    r = session.get(Result, result_id)
-    if r is None:
-        raise PageNotFound(
-            f"no run with id {result_id}", hint="Runs are linked from the chip and kernel pages."
+def run(request: Request, db: DbDep, result_id: RowId) -> HTMLResponse:
+    with db() as session:
+        r = session.get(Result, result_id)
+        if r is None:
+            raise PageNotFound(
+                f"no run with id {result_id}", hint="Runs are linked from the chip and kernel pages."
+            )
+        worker = session.scalar(select(Worker.name).where(Worker.id == r.worker_id)) if r.worker_id else None
+        ok_first = case((Trial.status == TrialStatus.ok, 0), else_=1)
+        trials = session.execute(
+            select(
+                Trial.id,
+                Trial.config_key,
+                Trial.is_builtin,
+                Trial.status,
+                Trial.error,
+                Trial.median_us,
+                Trial.p10_us,
+                Trial.p90_us,
+                Trial.n,
+                Trial.max_abs_err,
+                Trial.max_rel_err,
+            )
+            .where(Trial.result_id == result_id)
+            .order_by(ok_first, Trial.median_us, Trial.config_key)
+        ).all()
+        fastest = [t.id for t in trials if t.status == TrialStatus.ok][:BOXES]
+        builtin = [t.id for t in trials
+                   if t.is_builtin and t.status == TrialStatus.ok and t.id not in fastest]
+        samples = (
+            dict(
+                session.execute(select(Trial.id, Trial.samples_us).where(Trial.id.in_(fastest + builtin)))
+                .tuples()
+                .all()
+            )
+            if fastest
+            else {}
         )
-    worker = session.scalar(select(Worker.name).where(Worker.id == r.worker_id)) if r.worker_id else None
-    ok_first = case((Trial.status == TrialStatus.ok, 0), else_=1)
-    trials = session.execute(
-        select(
-            Trial.id,
-            Trial.config_key,
-            Trial.is_builtin,
-            Trial.status,
-            Trial.error,
-            Trial.median_us,
-            Trial.p10_us,
-            Trial.p90_us,
-            Trial.n,
-            Trial.max_abs_err,
-            Trial.max_rel_err,
+        keyed = {t.id: t.config_key for t in trials}
+        boxes = [(keyed[i], samples[i]) for i in fastest + builtin if samples.get(i)]
+        figure = samples_figure(boxes) if boxes else None
+        return page(
+            request,
+            "run.html",
+            title=f"Run {r.id}",
+            r=r,
+            worker=worker,
+            trials=trials,
+            figure=figure,
+            now=db_clock(session),
         )
-        .where(Trial.result_id == result_id)
-        .order_by(ok_first, Trial.median_us, Trial.config_key)
-    ).all()
-    fastest = [t.id for t in trials if t.status == TrialStatus.ok][:BOXES]
-    builtin = [t.id for t in trials if t.is_builtin and t.status == TrialStatus.ok and t.id not in fastest]
-    samples = (
-        dict(
-            session.execute(select(Trial.id, Trial.samples_us).where(Trial.id.in_(fastest + builtin)))
-            .tuples()
-            .all()
-        )
-        if fastest
-        else {}
-    )
-    keyed = {t.id: t.config_key for t in trials}
-    boxes = [(keyed[i], samples[i]) for i in fastest + builtin if samples.get(i)]
-    figure = samples_figure(boxes) if boxes else None
-    return page(
-        request,
-        "run.html",
-        title=f"Run {r.id}",
-        r=r,
-        worker=worker,
-        trials=trials,
-        figure=figure,
-        now=db_clock(session),
-    )

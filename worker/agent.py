@@ -4,7 +4,9 @@ One job at a time, on the main thread::
 
     start:  check the URL (GET /healthz), load or obtain the worker token, replay the spool
     loop:   spool not empty?  -> deliver it (jittered backoff while unreachable); lease nothing new
-            lease a job       -> 204: idle a little; unreachable: back off
+            lease a job       -> long-polled (--lease-wait); 204: idle for the coordinator's
+                                 Retry-After (else --poll-seconds), jittered; unreachable: back off
+            confirm it        -> one heartbeat at once: an unconfirmed lease goes back to the queue
             tune it           -> a heartbeat thread extends the lease every lease_seconds/3;
                                  a 409 on a heartbeat means the lease is lost: the tune is abandoned
                                  (checked at every progress step) and its result never posted
@@ -31,6 +33,7 @@ from kernelfleet.worker.backoff import Backoff
 from kernelfleet.worker.client import (
     CoordinatorClient,
     CoordinatorError,
+    Idle,
     Lease,
     LeaseConflict,
     NotACoordinator,
@@ -74,7 +77,8 @@ class AgentConfig:
     budget: float | None = None
     seed: int = 0
     grace_seconds: float = 30.0
-    poll_seconds: float = 5.0
+    poll_seconds: float = 5.0           # idle wait when the coordinator gives no Retry-After
+    lease_wait_seconds: float = 10.0    # how long a lease request waits on the coordinator for work
     backoff_base: float = 0.5
     backoff_max: float = 30.0
     startup_wait_seconds: float = 0.0   # how long to wait for a coordinator that is starting up
@@ -193,15 +197,16 @@ class Agent:
             logger.info("ran %d job(s) (--max-jobs); exiting", self.jobs_run)
             return False
         try:
-            lease = self.client.lease()
+            lease = self.client.poll(self.config.lease_wait_seconds)
         except Unauthorized as e:
             raise self._revoked(e.detail) from e
         except CoordinatorError as e:
             self._wait_backoff(f"cannot lease: {e}")
             return True
         self.backoff.reset()
-        if lease is None:
-            self.stop_event.wait(self.config.poll_seconds * (0.75 + 0.5 * _jitter()))
+        if isinstance(lease, Idle):
+            idle = self.config.poll_seconds if lease.retry_after is None else lease.retry_after
+            self.stop_event.wait(idle * (0.75 + 0.5 * _jitter()))
             return True
         if self.stop_event.is_set():  # the stop signal came while the lease was on its way
             self._release(_JobRun(lease))
@@ -364,8 +369,10 @@ class Agent:
     def _heartbeat_loop(self, run: _JobRun) -> None:
         lease = run.lease
         interval = max(0.2, lease.lease_seconds / 3.0)
-        next_beat = time.monotonic() + interval
-        warned = False
+        # the first heartbeat confirms the lease: at once, retried every second until it gets through
+        # (an unconfirmed lease goes back to the queue after the coordinator's confirm deadline)
+        next_beat = time.monotonic()
+        confirmed = warned = False
         while not run.finished.wait(min(0.25, interval)):
             if self._past_grace():
                 self._enforce_grace(run)
@@ -375,6 +382,7 @@ class Agent:
             next_beat = time.monotonic() + interval
             try:
                 self.client.heartbeat(lease.job_id, lease.lease_token)
+                confirmed = True
                 if warned:
                     logger.info("job %s: heartbeats reach the coordinator again", lease.job_id)
                 warned = False
@@ -388,6 +396,8 @@ class Agent:
                 if not warned:
                     logger.warning("job %s: heartbeat failed (%s); still tuning", lease.job_id, e)
                 warned = True
+                if not confirmed:
+                    next_beat = time.monotonic() + 1.0
 
     def _enforce_grace(self, run: _JobRun) -> None:
         """At the end of the grace period: release the job, and exit if the tune does not give way."""

@@ -78,7 +78,12 @@ def worker(
         help="On SIGTERM, finish the current job within this time, else release it")
     ] = 30.0,
     poll_seconds: Annotated[float, typer.Option(
-        "--poll-seconds", min=0.05, help="Wait between lease attempts when nothing is queued")] = 5.0,
+        "--poll-seconds", min=0.05,
+        help="Wait between lease attempts when nothing is queued and the coordinator gives no Retry-After")
+    ] = 5.0,
+    lease_wait: Annotated[float, typer.Option(
+        "--lease-wait", min=0.0, help="How long a lease request waits on the coordinator for work "
+                                      "(long-poll; the coordinator caps it)")] = 10.0,
     backoff_max: Annotated[float, typer.Option(
         "--backoff-max", min=0.1, help="Longest wait between retries while the coordinator is unreachable")
     ] = 30.0,
@@ -98,7 +103,7 @@ def worker(
         agent = Agent(AgentConfig(
             coordinator=coordinator, state=state, enroll_token=enroll_token, name=name, max_jobs=max_jobs,
             strategy=strategy, budget=budget, grace_seconds=grace_seconds, poll_seconds=poll_seconds,
-            backoff_max=backoff_max), on_job=_job_line)
+            lease_wait_seconds=lease_wait, backoff_max=backoff_max), on_job=_job_line)
     except (StateError, SpoolError, AgentError) as e:
         console.print(f"[bold red]error:[/] {e}", soft_wrap=True)
         raise typer.Exit(1) from e

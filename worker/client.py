@@ -64,6 +64,13 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class Idle:
+    """No work: the coordinator asks to come back after ``retry_after`` seconds (None: not said)."""
+
+    retry_after: float | None
+
+
+@dataclass(frozen=True)
 class Enrollment:
     worker_id: int | str
     token: str
@@ -112,10 +119,15 @@ class CoordinatorClient:
     # ------------------------------------------------------------------ transport
 
     def _request(self, method: str, path: str, *, json: dict[str, Any] | None = None,
-                 auth: bool = True) -> httpx.Response:
+                 auth: bool = True, timeout: float = 0.0) -> httpx.Response:
+        """``timeout``: extra seconds the server may take on purpose (a long-polled lease)."""
         headers = {"Authorization": f"Bearer {self.token}"} if auth and self.token else {}
+        extra: dict[str, Any] = {}
+        if timeout > 0:
+            base = self._http.timeout
+            extra["timeout"] = httpx.Timeout((base.read or 30.0) + timeout, connect=base.connect)
         try:
-            response = self._http.request(method, path, json=json, headers=headers)
+            response = self._http.request(method, path, json=json, headers=headers, **extra)
         except (httpx.InvalidURL, httpx.UnsupportedProtocol) as e:
             raise NotACoordinator(f"{self.base_url} is not a usable URL: {e}") from e
         except httpx.TransportError as e:
@@ -185,9 +197,17 @@ class CoordinatorClient:
 
     def lease(self) -> Lease | None:
         """Lease the next job this worker can run, or None when nothing is queued for it."""
-        response = self._check(self._request("POST", f"{API_PREFIX}/leases", json={}), "lease")
+        got = self.poll()
+        return None if isinstance(got, Idle) else got
+
+    def poll(self, wait_seconds: float = 0.0) -> Lease | Idle:
+        """Lease the next job, waiting up to ``wait_seconds`` on the coordinator for one to be queued;
+        :class:`Idle` (with the coordinator's ``Retry-After``) when none came."""
+        body_in = {"wait_seconds": wait_seconds} if wait_seconds > 0 else {}
+        response = self._check(self._request("POST", f"{API_PREFIX}/leases", json=body_in,
+                                             timeout=wait_seconds), "lease")
         if response.status_code == 204:
-            return None
+            return Idle(_retry_after(response))
         body = self._json(response, "lease")
         try:
             return Lease(job_id=body["job_id"], lease_token=str(body["lease_token"]),
@@ -211,6 +231,13 @@ class CoordinatorClient:
 
     def release(self, job_id: int | str, lease_token: str) -> dict[str, Any]:
         return self.post("release", job_id, {"lease_token": lease_token})
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    try:
+        return max(0.0, float(response.headers["retry-after"]))
+    except (KeyError, ValueError):
+        return None
 
 
 def _is_json(response: httpx.Response) -> bool:

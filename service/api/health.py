@@ -19,7 +19,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from kernelfleet.service.db import immediate
-from kernelfleet.service.deps import SessionFactoryDep
+from kernelfleet.service.deps import DbDep
 from kernelfleet.service.schemas import Health
 
 logger = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ def _reason(exc: SQLAlchemyError) -> str:
 
 
 @router.get("/healthz", response_model=Health, responses={503: {"model": Health}})
-def healthz(factory: SessionFactoryDep) -> Health | JSONResponse:
+def healthz(factory: DbDep) -> Health | JSONResponse:
     with factory() as session:
         try:
             session.execute(text("SELECT 1"))

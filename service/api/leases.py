@@ -1,12 +1,24 @@
-"""The worker's lease lifecycle: lease, heartbeat, result, fail, release."""
+"""The worker's lease lifecycle: lease (optionally long-polled), heartbeat, result, fail, release.
+
+Each route opens its own unit of work, in which the worker's token is checked
+(:class:`~kernelfleet.service.auth.WorkerCall`), on one thread.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response, status
+import asyncio
+
+import anyio
+import anyio.to_thread
+from fastapi import APIRouter, Request, Response, status
+from fastapi.concurrency import run_in_threadpool
 
 from kernelfleet.service import leasing, metrics
+from kernelfleet.service.auth import WorkerCall
 from kernelfleet.service.completion import complete
-from kernelfleet.service.deps import SessionDep, SettingsDep, WorkerDep
+from kernelfleet.service.deps import SettingsDep, WorkerCallDep
+from kernelfleet.service.longpoll import LeaseWaiters
+from kernelfleet.service.models import Backend
 from kernelfleet.service.openapi import error_responses
 from kernelfleet.service.params import RowId
 from kernelfleet.service.schemas import (
@@ -19,54 +31,97 @@ from kernelfleet.service.schemas import (
     LeaseOut,
     LeaseTokenIn,
 )
+from kernelfleet.service.settings import Settings
 
 router = APIRouter(tags=["leases"])
 
 
+def _try_lease(call: WorkerCall, settings: Settings) -> tuple[Backend, str, leasing.Lease | None]:
+    with call.transaction() as (session, worker):
+        got = leasing.lease_next(session, worker, settings.lease_confirm_seconds)
+        return worker.backend, worker.chip, got
+
+
+def _give_back(call: WorkerCall, got: leasing.Lease) -> None:
+    with call.transaction() as (session, worker):
+        leasing.release(session, worker, got.job_id, got.lease_token)
+
+
 @router.post("/leases", response_model=LeaseOut,
-             responses={204: {"description": "nothing this worker can run is queued"}})
-def lease(worker: WorkerDep, session: SessionDep, settings: SettingsDep,
-          body: LeaseIn | None = None) -> LeaseOut | Response:
-    got = leasing.lease_next(session, worker, settings.lease_seconds)
-    if got is None:
-        return Response(status_code=status.HTTP_204_NO_CONTENT)
-    metrics.LEASES_GRANTED.inc()
-    return LeaseOut(job_id=got.job_id, lease_token=got.lease_token, kernel=got.kernel, shape=got.shape,
-                    dtype=got.dtype, kind=got.kind.value, lease_expires_at=got.lease_expires_at,
-                    lease_seconds=settings.lease_seconds)
+             responses={204: {"description": "nothing this worker can run is queued (after waiting up to "
+                                              "`wait_seconds`); `Retry-After` says when to ask again"}})
+async def lease(call: WorkerCallDep, settings: SettingsDep, request: Request,
+                body: LeaseIn | None = None) -> LeaseOut | Response:
+    """Lease the next job this worker can run. Confirm it with a heartbeat before ``lease_expires_at``
+    (``KERNELFLEET_LEASE_CONFIRM_SECONDS``), or it goes back to the queue without costing an attempt."""
+    waiters: LeaseWaiters = request.app.state.lease_waiters
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + min(body.wait_seconds if body else 0.0, settings.lease_wait_max_seconds)
+    while True:
+        backend, chip, got = await run_in_threadpool(_try_lease, call, settings)
+        if got is not None:
+            if await request.is_disconnected():  # nobody will read it: give it straight back
+                await run_in_threadpool(_give_back, call, got)
+                return Response(status_code=499)
+            metrics.LEASES_GRANTED.inc()
+            return LeaseOut(job_id=got.job_id, lease_token=got.lease_token, kernel=got.kernel,
+                            shape=got.shape, dtype=got.dtype, kind=got.kind.value,
+                            lease_expires_at=got.lease_expires_at, lease_seconds=settings.lease_seconds)
+        remaining = deadline - loop.time()
+        if remaining <= 0 or not await _wait(waiters, request, backend, chip, remaining):
+            return Response(status_code=status.HTTP_204_NO_CONTENT,
+                            headers={"Retry-After": str(settings.idle_retry_seconds)})
+
+
+async def _wait(waiters: LeaseWaiters, request: Request, backend: Backend, chip: str, seconds: float) -> bool:
+    """Wait for work (True) until ``seconds`` pass or the client goes away (False)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while (left := deadline - loop.time()) > 0:
+        if await waiters.wait(backend, chip, min(left, 1.0)):
+            return True
+        if await request.is_disconnected():
+            return False
+    return False
 
 
 @router.post("/jobs/{job_id}/heartbeat", responses=error_responses(409))
-def heartbeat(job_id: RowId, body: LeaseTokenIn, worker: WorkerDep, session: SessionDep,
-              settings: SettingsDep) -> HeartbeatOut:
-    expires = leasing.heartbeat(session, worker, job_id, body.lease_token, settings.lease_seconds)
+def heartbeat(job_id: RowId, body: LeaseTokenIn, call: WorkerCallDep, settings: SettingsDep) -> HeartbeatOut:
+    """Extend the lease (the first heartbeat also confirms it)."""
+    with call.transaction() as (session, worker):
+        expires = leasing.heartbeat(session, worker, job_id, body.lease_token, settings.lease_seconds)
     return HeartbeatOut(lease_expires_at=expires)
 
 
 @router.post("/jobs/{job_id}/result", status_code=status.HTTP_201_CREATED,
              responses={200: {"model": CompleteOut, "description": "a replay of an accepted result"},
                         **error_responses(409)})
-def result(job_id: RowId, body: CompleteIn, worker: WorkerDep, session: SessionDep,
-           response: Response) -> CompleteOut:
+async def result(job_id: RowId, body: CompleteIn, call: WorkerCallDep, request: Request,
+                 response: Response) -> CompleteOut:
     """Store the result with the job's completion; its reactions (regression detection) and the
-    chip's profile follow in the background (service/background.py)."""
-    done = complete(session, worker, job_id, body.lease_token, body.report)
+    chip's profile follow in the background (service/background.py). At most
+    ``KERNELFLEET_RESULT_CONCURRENCY`` results are stored at once per process, on threads of their
+    own, so heartbeats and leases keep flowing."""
+    limiter: anyio.CapacityLimiter = request.app.state.result_limiter
+    done = await anyio.to_thread.run_sync(complete, call, job_id, body.lease_token, body.report,
+                                          limiter=limiter)
     if not done.created:
         response.status_code = status.HTTP_200_OK
     return CompleteOut.model_validate(done.response)
 
 
 @router.post("/jobs/{job_id}/fail", responses=error_responses(409))
-def fail(job_id: RowId, body: FailIn, worker: WorkerDep, session: SessionDep,
-         settings: SettingsDep) -> JobTransitionOut:
-    t = leasing.fail(session, worker, job_id, body.lease_token, body.error, settings.requeue_backoff_seconds,
-                     settings.requeue_backoff_max_seconds)
+def fail(job_id: RowId, body: FailIn, call: WorkerCallDep, settings: SettingsDep) -> JobTransitionOut:
+    with call.transaction() as (session, worker):
+        t = leasing.fail(session, worker, job_id, body.lease_token, body.error,
+                         settings.requeue_backoff_seconds, settings.requeue_backoff_max_seconds)
     return JobTransitionOut(job_id=t.job_id, state=t.state.value, attempts=t.attempts,
                             max_attempts=t.max_attempts, available_at=t.available_at)
 
 
 @router.post("/jobs/{job_id}/release", responses=error_responses(409))
-def release(job_id: RowId, body: LeaseTokenIn, worker: WorkerDep, session: SessionDep) -> JobTransitionOut:
-    t = leasing.release(session, worker, job_id, body.lease_token)
+def release(job_id: RowId, body: LeaseTokenIn, call: WorkerCallDep) -> JobTransitionOut:
+    with call.transaction() as (session, worker):
+        t = leasing.release(session, worker, job_id, body.lease_token)
     return JobTransitionOut(job_id=t.job_id, state=t.state.value, attempts=t.attempts,
                             max_attempts=t.max_attempts, available_at=t.available_at)

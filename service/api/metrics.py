@@ -11,7 +11,7 @@ from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from kernelfleet.service import metrics
-from kernelfleet.service.deps import DashboardDep, SessionFactoryDep
+from kernelfleet.service.deps import DashboardDep, DbDep
 
 router = APIRouter(tags=["metrics"])
 
@@ -19,5 +19,5 @@ router = APIRouter(tags=["metrics"])
 @router.get("/metrics", response_class=Response,
             responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
                              "description": "Prometheus text exposition format"}})
-def scrape(_: DashboardDep, factory: SessionFactoryDep) -> Response:
+def scrape(_: DashboardDep, factory: DbDep) -> Response:
     return Response(metrics.render(factory), media_type=CONTENT_TYPE_LATEST)

@@ -18,10 +18,11 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from kernelfleet.service import aggregates, chips
 from kernelfleet.service.db import immediate
-from kernelfleet.service.deps import DashboardDep, SessionDep
+from kernelfleet.service.deps import DashboardDep, DbDep
 from kernelfleet.service.errors import NotFound
 from kernelfleet.service.models import ConfigStat, Profile, ProfileRequest
 from kernelfleet.service.profiles import counts, latest
@@ -58,29 +59,31 @@ def _etag_matches(header: str | None, etag: str) -> bool:
 
 
 @router.get("/profiles")
-def list_profiles(_: DashboardDep, session: SessionDep) -> list[ProfileSummary]:
+def list_profiles(_: DashboardDep, db: DbDep) -> list[ProfileSummary]:
     """The newest version of every stored profile, with its measured/predicted counts; ``stale``
     when results arrived since it was built (the background builder is about to rebuild it)."""
-    newest = select(func.max(Profile.id)).group_by(Profile.chip, Profile.mlx_version)
-    rows = session.scalars(select(Profile).where(Profile.id.in_(newest)).order_by(Profile.chip)).all()
-    pending = set(session.scalars(select(ProfileRequest.chip).distinct()))
-    out = []
-    for row in rows:
-        command = f'kernelfleet pull --chip "{row.chip}"' + (
-            f" --mlx-version {row.mlx_version}" if row.mlx_version else ""
-        )
-        n = counts(row.body)
-        if n["measured"] == 0:
-            command += " --allow-predicted"
-        out.append(ProfileSummary(
-            chip=row.chip, backend=row.body.get("backend"), mlx_version=row.mlx_version,
-            version=row.version, etag=row.etag, created_at=row.created_at,
-            entries=len(row.body.get("entries", [])), **n, stale=row.chip in pending, pull_command=command,
-        ))
-    return out
+    with db() as session:
+        newest = select(func.max(Profile.id)).group_by(Profile.chip, Profile.mlx_version)
+        rows = session.scalars(select(Profile).where(Profile.id.in_(newest)).order_by(Profile.chip)).all()
+        pending = set(session.scalars(select(ProfileRequest.chip).distinct()))
+        out = []
+        for row in rows:
+            command = f'kernelfleet pull --chip "{row.chip}"' + (
+                f" --mlx-version {row.mlx_version}" if row.mlx_version else ""
+            )
+            n = counts(row.body)
+            if n["measured"] == 0:
+                command += " --allow-predicted"
+            out.append(ProfileSummary(
+                chip=row.chip, backend=row.body.get("backend"), mlx_version=row.mlx_version,
+                version=row.version, etag=row.etag, created_at=row.created_at,
+                entries=len(row.body.get("entries", [])), **n, stale=row.chip in pending,
+                pull_command=command,
+            ))
+        return out
 
 
-def _no_data(session: SessionDep, chip: str, mlx_version: str | None) -> NotFound:
+def _no_data(session: Session, chip: str, mlx_version: str | None) -> NotFound:
     have = aggregates.chips_with_data(session)
     backend = chips.backend_of(chip)
     same = [c for c, b in have.items() if b == backend and c != chip] if backend else []
@@ -93,7 +96,7 @@ def _no_data(session: SessionDep, chip: str, mlx_version: str | None) -> NotFoun
                     f"(kernelfleet admin campaign create --chip ...){hint}")
 
 
-def _queue(session: SessionDep, chip: str, allow_predicted: bool) -> JSONResponse:
+def _queue(session: Session, chip: str, allow_predicted: bool) -> JSONResponse:
     session.rollback()
     with immediate(session):
         waiting = session.scalar(select(func.count()).where(
@@ -113,7 +116,7 @@ def get_profile(
     chip: str,
     request: Request,
     _: DashboardDep,
-    session: SessionDep,
+    db: DbDep,
     mlx_version: Annotated[
         str | None, Query(max_length=64, description="only results from this MLX version")
     ] = None,
@@ -123,29 +126,30 @@ def get_profile(
     """The chip's newest complete profile, with ``ETag``; 304 when the client's ``If-None-Match``
     names it; 202 while its first version is being built; 404 when the chip has no measured results
     (unless ``allow_predicted``)."""
-    mlx_version = mlx_version or None
-    row = latest(session, chip, mlx_version)
-    measured = row is not None and counts(row.body)["measured"] > 0
-    if row is None or (not measured and not allow_predicted):
-        query = select(func.count()).where(ConfigStat.chip == chip)
-        if mlx_version is not None:
-            query = query.where(ConfigStat.mlx_version == mlx_version)
-        if session.scalar(query):
-            return _queue(session, chip, False)
-        if not allow_predicted:
-            raise _no_data(session, chip, mlx_version)
-        if row is None:
-            if chips.lookup(chip) is None:  # bounded: only the chip table's names get such profiles
-                raise NotFound(f"chip {chip!r} is not in the chip table (service/chips.py) and has no "
-                               f"results: nothing to predict it from")
-            return _queue(session, chip, True)
-    assert row is not None
-    headers = {"ETag": f'"{row.etag}"', "Cache-Control": "no-cache"}
-    if _etag_matches(request.headers.get("if-none-match"), row.etag):
-        return Response(status_code=304, headers=headers)
-    body: dict[str, Any] = dict(row.body)
-    body["created_at"] = _iso(row.created_at)
-    return JSONResponse(body, headers=headers)
+    with db() as session:
+        mlx_version = mlx_version or None
+        row = latest(session, chip, mlx_version)
+        measured = row is not None and counts(row.body)["measured"] > 0
+        if row is None or (not measured and not allow_predicted):
+            query = select(func.count()).where(ConfigStat.chip == chip)
+            if mlx_version is not None:
+                query = query.where(ConfigStat.mlx_version == mlx_version)
+            if session.scalar(query):
+                return _queue(session, chip, False)
+            if not allow_predicted:
+                raise _no_data(session, chip, mlx_version)
+            if row is None:
+                if chips.lookup(chip) is None:  # bounded: only the chip table's names get such profiles
+                    raise NotFound(f"chip {chip!r} is not in the chip table (service/chips.py) and has no "
+                                   f"results: nothing to predict it from")
+                return _queue(session, chip, True)
+        assert row is not None
+        headers = {"ETag": f'"{row.etag}"', "Cache-Control": "no-cache"}
+        if _etag_matches(request.headers.get("if-none-match"), row.etag):
+            return Response(status_code=304, headers=headers)
+        body: dict[str, Any] = dict(row.body)
+        body["created_at"] = _iso(row.created_at)
+        return JSONResponse(body, headers=headers)
 
 
 def _iso(value: datetime) -> str:

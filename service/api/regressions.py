@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func, select
 
-from kernelfleet.service.deps import AdminDep, DashboardDep, SessionDep, SessionFactoryDep, SettingsDep
+from kernelfleet.service.deps import AdminDep, DashboardDep, DbDep, SettingsDep
 from kernelfleet.service.errors import NotFound
 from kernelfleet.service.models import Regression, RegressionStatus
 from kernelfleet.service.openapi import error_responses
@@ -77,7 +77,7 @@ def _out(row: Regression, group_size: int) -> RegressionOut:
 @router.get("/regressions")
 def list_regressions(
     _: DashboardDep,
-    session: SessionDep,
+    db: DbDep,
     status: Annotated[
         StatusName | None, Query(description="confirming, open, acknowledged or dismissed")
     ] = None,
@@ -87,54 +87,58 @@ def list_regressions(
     offset: Offset = 0,
 ) -> list[RegressionOut]:
     """Newest first. ``group_size`` counts the regressions (any status) that share the cause."""
-    query = select(Regression)
-    if status is not None:
-        query = query.where(Regression.status == RegressionStatus(status))
-    if chip is not None:
-        query = query.where(Regression.chip == chip)
-    if kernel is not None:
-        query = query.where(Regression.kernel == kernel)
-    rows = session.scalars(
-        query.order_by(Regression.detected_at.desc(), Regression.id.desc()).limit(limit).offset(offset)
-    ).all()
-    keys = {r.group_key for r in rows}
-    sizes = (
-        dict(
-            session.execute(
-                select(Regression.group_key, func.count(Regression.id))
-                .where(Regression.group_key.in_(keys))
-                .group_by(Regression.group_key)
+    with db() as session:
+        query = select(Regression)
+        if status is not None:
+            query = query.where(Regression.status == RegressionStatus(status))
+        if chip is not None:
+            query = query.where(Regression.chip == chip)
+        if kernel is not None:
+            query = query.where(Regression.kernel == kernel)
+        rows = session.scalars(
+            query.order_by(Regression.detected_at.desc(), Regression.id.desc()).limit(limit).offset(offset)
+        ).all()
+        keys = {r.group_key for r in rows}
+        sizes = (
+            dict(
+                session.execute(
+                    select(Regression.group_key, func.count(Regression.id))
+                    .where(Regression.group_key.in_(keys))
+                    .group_by(Regression.group_key)
+                )
+                .tuples()
+                .all()
             )
-            .tuples()
-            .all()
+            if keys
+            else {}
         )
-        if keys
-        else {}
-    )
-    return [_out(r, sizes.get(r.group_key, 1)) for r in rows]
+        return [_out(r, sizes.get(r.group_key, 1)) for r in rows]
 
 
 @router.get("/regressions/{regression_id}")
-def get_regression(regression_id: RowId, _: DashboardDep, session: SessionDep) -> RegressionOut:
-    row = session.get(Regression, regression_id)
-    if row is None:
-        raise NotFound(f"no regression {regression_id}; list them with GET /api/v1/regressions")
-    size = session.scalar(select(func.count(Regression.id)).where(Regression.group_key == row.group_key)) or 1
-    return _out(row, size)
+def get_regression(regression_id: RowId, _: DashboardDep, db: DbDep) -> RegressionOut:
+    with db() as session:
+        row = session.get(Regression, regression_id)
+        if row is None:
+            raise NotFound(f"no regression {regression_id}; list them with GET /api/v1/regressions")
+        size = session.scalar(
+            select(func.count(Regression.id)).where(Regression.group_key == row.group_key)) or 1
+        return _out(row, size)
 
 
 @router.post("/regressions/{regression_id}/acknowledge", responses=error_responses(409))
 def acknowledge(
-    regression_id: RowId, _: AdminDep, session: SessionDep, body: AcknowledgeIn | None = None
+    regression_id: RowId, _: AdminDep, db: DbDep, body: AcknowledgeIn | None = None
 ) -> AcknowledgeOut:
-    body = body or AcknowledgeIn()
-    return AcknowledgeOut(
-        acknowledged=engine.acknowledge(session, regression_id, body.note, body.whole_group)
-    )
+    with db() as session:
+        body = body or AcknowledgeIn()
+        return AcknowledgeOut(
+            acknowledged=engine.acknowledge(session, regression_id, body.note, body.whole_group)
+        )
 
 
 @router.post("/regressions/scan")
-def scan(_: AdminDep, factory: SessionFactoryDep, settings: SettingsDep) -> ScanOut:
+def scan(_: AdminDep, factory: DbDep, settings: SettingsDep) -> ScanOut:
     """Run the offline change-point pass over every series now."""
     report = engine.scan(factory, settings)
     return ScanOut(series=report.series, findings=report.findings, created=report.created)

@@ -9,7 +9,7 @@ from fastapi import APIRouter, status
 from sqlalchemy import select
 
 from kernelfleet.service.db import immediate
-from kernelfleet.service.deps import AdminDep, SessionDep
+from kernelfleet.service.deps import AdminDep, DbDep
 from kernelfleet.service.models import Result
 from kernelfleet.service.reports import store_report
 from kernelfleet.service.schemas import ImportIn, ImportOut
@@ -18,11 +18,11 @@ router = APIRouter(tags=["results"])
 
 
 @router.post("/results/import", status_code=status.HTTP_201_CREATED)
-def import_results(body: ImportIn, _: AdminDep, session: SessionDep) -> ImportOut:
+def import_results(body: ImportIn, _: AdminDep, db: DbDep) -> ImportOut:
     """Store every new report in one transaction: all of them or none. Reports stored before are
     skipped (``duplicates``); ``result_ids`` gives each report's result, new or earlier."""
     digests = [report.digest() for report in body.reports]
-    with immediate(session):
+    with db() as session, immediate(session):
         known: dict[str, int] = dict(session.execute(
             select(Result.payload_digest, Result.id)
             .where(Result.source == "import", Result.payload_digest.in_(set(digests)))

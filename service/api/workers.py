@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from sqlalchemy import select
 
-from kernelfleet.service.deps import AdminDep, SessionDep, WorkerDep
+from kernelfleet.service.deps import AdminDep, DbDep, WorkerCallDep
 from kernelfleet.service.enrollment import revoke_worker
 from kernelfleet.service.models import Worker
 from kernelfleet.service.params import RowId
@@ -15,15 +15,19 @@ router = APIRouter(tags=["workers"])
 
 
 @router.get("/workers")
-def list_workers(_: AdminDep, session: SessionDep) -> list[WorkerOut]:
-    return [WorkerOut.model_validate(w) for w in session.scalars(select(Worker).order_by(Worker.id)).all()]
+def list_workers(_: AdminDep, db: DbDep) -> list[WorkerOut]:
+    with db() as session:
+        rows = session.scalars(select(Worker).order_by(Worker.id)).all()
+        return [WorkerOut.model_validate(w) for w in rows]
 
 
 @router.get("/workers/me")
-def me(worker: WorkerDep) -> WorkerOut:
-    return WorkerOut.model_validate(worker)
+def me(call: WorkerCallDep) -> WorkerOut:
+    with call.transaction() as (_, worker):
+        return WorkerOut.model_validate(worker)
 
 
 @router.post("/workers/{worker_id}/revoke")
-def revoke(worker_id: RowId, _: AdminDep, session: SessionDep) -> WorkerOut:
-    return WorkerOut.model_validate(revoke_worker(session, worker_id))
+def revoke(worker_id: RowId, _: AdminDep, db: DbDep) -> WorkerOut:
+    with db() as session:
+        return WorkerOut.model_validate(revoke_worker(session, worker_id))

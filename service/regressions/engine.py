@@ -27,6 +27,7 @@ from kernelfleet.service.regressions import base
 from kernelfleet.service.regressions.attribution import attribute, group_key, reference_runs
 from kernelfleet.service.regressions.series import SeriesKey, history, load_runs, to_run
 from kernelfleet.service.settings import Settings, get_settings
+from kernelfleet.service.targets import target_id
 
 logger = logging.getLogger(__name__)
 
@@ -89,13 +90,15 @@ def check_run(session: Session, result: Result, run: base.RunPoint, settings: Se
     if finding is None:
         return None
     cause = attribute(reference_runs(past, settings.regression_min_effect), run)
+    chip_pattern = exact_chip_pattern(result.chip)
     job = Job(
         kind=JobKind.confirm,
         kernel=result.kernel,
         shape=result.shape,
         dtype=result.dtype,
         target_backend=Backend(result.backend),
-        target_chip=exact_chip_pattern(result.chip),
+        target_chip=chip_pattern,
+        target_id=target_id(session, Backend(result.backend), chip_pattern),
         state=JobState.queued,
         attempts=0,
         max_attempts=settings.max_attempts,

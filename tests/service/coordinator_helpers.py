@@ -70,12 +70,18 @@ def make_report(kernel: str = "rmsnorm", shape: str = "4096x4096", dtype: str = 
     }
 
 
-def lease(client: httpx.Client) -> dict[str, Any] | None:
+def lease(client: httpx.Client, confirm: bool = True) -> dict[str, Any] | None:
+    """Lease a job and, as the agent does, confirm it at once with a heartbeat (an unconfirmed lease
+    goes back to the queue after KERNELFLEET_LEASE_CONFIRM_SECONDS without costing an attempt)."""
     r = client.post("/leases", json={})
     if r.status_code == 204:
         return None
     assert r.status_code == 200, r.text
-    return dict(r.json())
+    got = dict(r.json())
+    if confirm:
+        hb = client.post(f"/jobs/{got['job_id']}/heartbeat", json={"lease_token": got["lease_token"]})
+        assert hb.status_code == 200, hb.text
+    return got
 
 
 def complete(client: httpx.Client, lease_body: dict[str, Any], **report_overrides: Any) -> httpx.Response:

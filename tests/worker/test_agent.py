@@ -115,7 +115,7 @@ def test_kill9_mid_job_is_finished_by_another_worker(coordinator_factory: Any, t
             lambda: [
                 j
                 for j in jobs(coordinator, campaign)
-                if j["state"] == "leased" and j["leased_by"] == victim_id
+                if j["state"] == "leased" and j["leased_by"] == victim_id and j["lease_confirmed"]
             ],
             diagnostics=victim.log,
         )

@@ -1,0 +1,114 @@
+"""Long-polled leases: idle lease requests wait here, and one poller per process looks for work.
+
+A lease request that finds nothing may wait up to ``wait_seconds`` (bounded by
+``settings.lease_wait_max_seconds``) instead of coming back every few seconds. Waiting requests
+hold no database connection and no thread: each is a future on the event loop, registered with the
+worker's backend and chip. While anybody waits, one task per process asks the database every
+``lease_poll_seconds`` which job targets have available work, one index probe per target
+(``ix_jobs_queued_target``, at most as many rows as there are waiters), and wakes that many
+matching waiters, oldest first; each woken request tries one lease. So 10,000 idle workers cost one
+small query per second per process, not one per worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import suppress
+from dataclasses import dataclass, field
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from kernelfleet.service.db import db_now
+from kernelfleet.service.models import Backend, Job, JobState, JobTarget
+from kernelfleet.service.targets import chip_matches
+
+logger = logging.getLogger(__name__)
+
+Machine = tuple[Backend, str]  # (backend, chip): what a waiting worker can run
+
+
+@dataclass(eq=False)
+class _Waiter:
+    machine: Machine
+    woken: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+def _ready(session_factory: sessionmaker[Session], wanted: dict[Machine, int]) -> dict[Machine, int]:
+    """How many jobs are available now for each waiting machine (capped at its number of waiters)."""
+    with session_factory() as session:
+        targets = session.execute(select(JobTarget.id, JobTarget.target_backend, JobTarget.target_chip)).all()
+        out: dict[Machine, int] = {}
+        counted: dict[int, int] = {}
+        for (backend, chip), cap in wanted.items():
+            total = 0
+            for t in targets:
+                if total >= cap or (t.target_backend not in (None, backend)) or \
+                        (t.target_chip is not None and not chip_matches(t.target_chip, chip)):
+                    continue
+                if t.id not in counted:
+                    probe = (select(Job.id).where(Job.target_id == t.id, Job.state == JobState.queued,
+                                                  Job.available_at <= db_now()).limit(cap).subquery())
+                    counted[t.id] = int(session.scalar(select(func.count()).select_from(probe)) or 0)
+                total += counted[t.id]
+            if total:
+                out[(backend, chip)] = min(total, cap)
+        return out
+
+
+class LeaseWaiters:
+    """The waiting lease requests of this process, and the poller that wakes them."""
+
+    def __init__(self, session_factory: sessionmaker[Session], poll_seconds: float) -> None:
+        self._factory = session_factory
+        self._poll_seconds = poll_seconds
+        self._waiters: dict[_Waiter, None] = {}  # insertion-ordered: oldest first, O(1) removal
+        self._poller: asyncio.Task[None] | None = None
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    async def wait(self, backend: Backend, chip: str, seconds: float) -> bool:
+        """Wait until work for this machine may be available (True) or ``seconds`` pass (False)."""
+        waiter = _Waiter((backend, chip))
+        self._waiters[waiter] = None
+        self._ensure_poller()
+        try:
+            await asyncio.wait_for(waiter.woken, timeout=seconds)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._waiters.pop(waiter, None)
+
+    def _ensure_poller(self) -> None:
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.create_task(self._poll(), name="kernelfleet-lease-poller")
+
+    async def _poll(self) -> None:
+        while self._waiters:
+            await asyncio.sleep(self._poll_seconds)
+            wanted: dict[Machine, int] = {}
+            for w in self._waiters:
+                wanted[w.machine] = wanted.get(w.machine, 0) + 1
+            if not wanted:
+                break
+            try:
+                ready = await asyncio.to_thread(_ready, self._factory, wanted)
+            except Exception:  # the poller's boundary: keep waiting; requests still time out on their own
+                logger.exception("lease poller: looking for work failed")
+                continue
+            for w in list(self._waiters):
+                n = ready.get(w.machine, 0)
+                if n and not w.woken.done():
+                    w.woken.set_result(None)
+                    self._waiters.pop(w, None)
+                    ready[w.machine] = n - 1
+
+    async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._poller
