@@ -215,26 +215,15 @@ def read_jobs(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 # ----------------------------------------------------------------------------- run (GPU)
 
 
-def referee(spec: Any, shape: tuple[int, ...], dtype: str, keys: Sequence[str], rounds: int,
+def referee(kb: Any, spec: Any, shape: tuple[int, ...], dtype: str, keys: Sequence[str], rounds: int,
             seed: int = 0) -> dict[str, dict[str, Any]]:
-    """``keys`` timed side by side in one Measurer (interleaved, shuffled rounds; each checked
-    against the reference first): per key its median, p10, p90 and the per-round samples."""
-    import mlx.core as mx
+    """``keys`` timed side by side (``kernels.side_by_side_measured``: one Measurer, interleaved
+    shuffled rounds, each checked against the reference first): per key its median, p10, p90 and the
+    per-round samples."""
     import numpy as np
 
-    from kernelfleet.kernels.spec import parse_config_key
-    from kernelfleet.worker.backends import detect_backend
-    from kernelfleet.worker.measure import Measurer
-
-    be = detect_backend()
     keys = list(dict.fromkeys(keys))
-    with mx.stream(be.device):
-        inputs = spec.make_inputs(shape, dtype, seed)
-        reference = spec.reference(inputs)
-        mx.eval(inputs, reference)
-        measurer = Measurer(spec, be, shape, dtype, inputs, reference, [parse_config_key(k) for k in keys],
-                            seed=seed + 1)
-        measurer.measure(keys, rounds)
+    measurer, _ = kb.side_by_side_measured(spec, shape, dtype, keys, rounds, seed)
     out: dict[str, dict[str, Any]] = {}
     for key in keys:
         trial = measurer.trials[key]
@@ -297,7 +286,7 @@ def run_unit(unit: dict[str, Any], sync: Path, outdir: Path, rounds: int, deadli
             tuned = {t["config_key"]: t["median_us"] for t in outcome.report["trials"]
                      if t["status"] == "ok" and t["median_us"]}
             t2 = time.monotonic()
-            timed = referee(spec, shape, dtype, [best, *job["configs"]], rounds)
+            timed = referee(kb, spec, shape, dtype, [best, *job["configs"]], rounds)
             emit({**base, "tuned_best": best,
                   "tune_medians": {k: tuned.get(k) for k in [best, *job["configs"]]},
                   "candidates": len(outcome.report["trials"]), "tune_s": round(t2 - t1, 2),

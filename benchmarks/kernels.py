@@ -217,6 +217,13 @@ def side_by_side(spec: KernelSpec, shape: Shape, dtype: str, keys: Sequence[str]
     The referee for comparing configs that different tunes picked: two tunes' reported medians also
     differ by the machine's drift between them, and the best of many candidates' medians in one tune
     is biased low (the fastest noise wins)."""
+    return side_by_side_measured(spec, shape, dtype, keys, rounds, seed)[1]
+
+
+def side_by_side_measured(spec: KernelSpec, shape: Shape, dtype: str, keys: Sequence[str],
+                          rounds: int = REFEREE_ROUNDS,
+                          seed: int = 0) -> tuple[Measurer, dict[str, float | None]]:
+    """:func:`side_by_side`, also returning its Measurer (each key's trial: status, raw samples)."""
     be = detect_backend()
     keys = list(dict.fromkeys(keys))
     with mx.stream(be.device):
@@ -225,7 +232,7 @@ def side_by_side(spec: KernelSpec, shape: Shape, dtype: str, keys: Sequence[str]
         mx.eval(inputs, reference)
         measurer = Measurer(spec, be, shape, dtype, inputs, reference, [parse_config_key(k) for k in keys],
                             seed=seed + 1)
-        return measurer.measure(keys, rounds)
+        return measurer, measurer.measure(keys, rounds)
 
 
 def side_by_side_gap(spec: KernelSpec, shape: Shape, dtype: str, a: str, b: str) -> float | None:
