@@ -138,16 +138,6 @@ def record(session: Session, result: Result, trials: Sequence[dict[str, Any]],
     return len(updates)
 
 
-def series_filter(chips: Sequence[str] | None = None, backend: str | None = None) -> list[Any]:
-    """WHERE clauses for loading stats of some chips and/or one backend."""
-    where: list[Any] = []
-    if chips is not None:
-        where.append(ConfigStat.chip.in_(list(chips)))
-    if backend is not None:
-        where.append(ConfigStat.backend == backend)
-    return where
-
-
 def current_rows(session: Session, *where: Any, mlx_version: str | None = None) -> list[ConfigStat]:
     """The stats rows of each (chip, backend, kernel, shape, dtype) series' current measurements: its
     newest kernel source and, unless ``mlx_version`` is given, its newest MLX version (by the

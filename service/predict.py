@@ -63,7 +63,6 @@ class Prediction:
     score: float  # raw: near-best share x evidence, 0..1 (calibrated elsewhere)
     cross_chip: bool  # no source from the target chip itself
     near_share: float = 0.0  # weighted share of its sources where the config was within NEAR of the best
-    weight: float = 0.0  # total source weight (how much nearby evidence there is)
     nearest: float = 0.0  # the heaviest single source's weight
     basis: list[dict[str, object]] = field(default_factory=list)  # the heaviest sources
 
@@ -173,4 +172,4 @@ def predict(
     score = near_share * nearest / (nearest + EVIDENCE_SCALE)
     return Prediction(config_key=choice, median_us=expected, speedup=speedup, score=score,
                       cross_chip=all(c != chip for _, c, _, _ in sources), basis=basis,
-                      near_share=near_share, weight=total, nearest=nearest)
+                      near_share=near_share, nearest=nearest)
