@@ -51,7 +51,7 @@ BODY = rowwise.LOAD_ROW + r"""
         for (int k = 0; k < V; ++k) {
           o.v[k] = T((xv[it * V + k] - mean) * rstd * float(wv.v[k]) + float(bv.v[k]));
         }
-        kf_vstore<V>(out + row * D, j, o);
+        kf_vstore_h<V, H>(out + row * D, j, o);
       }
     }
   }
