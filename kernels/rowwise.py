@@ -33,6 +33,7 @@ RPGS = (1, 2, 4, 8)
 MAX_REGS = 32
 MAX_REGS_WIDE = 64
 HINTS = (0, 1, 2)
+REDS = (0, 1)  # the "red" axis of kernels with two row statistics (layernorm): see layernorm_kernel
 
 # Dialect snippet shared by the row kernels: which row this thread works on, and the row of
 # input `x` loaded into registers `xv` as float (zeros past the end or for a missing row).
@@ -105,14 +106,19 @@ def _niter(D: int, tpr: int, vec: int) -> int:
     return ceil_div(D // vec, tpr)
 
 
-def valid(config: Config, D: int, dtype: str) -> bool:
+def valid(config: Config, D: int, dtype: str, axes: Sequence[str] = ()) -> bool:
+    """Is ``config`` in the space (``axes``: the optional axes the kernel has, e.g. ``("red",)``)?"""
     try:
         tg, vec, rpg = int(config["tg"]), int(config["vec"]), int(config["rpg"])
-        hint = int(config.get("hint", 0))
+        hint, red = int(config.get("hint", 0)), int(config.get("red", 0))
     except (KeyError, TypeError, ValueError):
         return False
-    if tg not in TGS or vec not in VECS or rpg not in RPGS or not set(config) <= {"tg", "vec", "rpg", "hint"}:
+    if tg not in TGS or vec not in VECS or rpg not in RPGS:
         return False
+    if not set(config) <= {"tg", "vec", "rpg", "hint", *axes}:
+        return False
+    if "red" in config and red not in REDS[1:]:
+        return False  # its default (0) is left out
     if D % vec or vec * ITEMSIZE[dtype] > 16 or tg % rpg:
         return False
     wide = vec * ITEMSIZE[dtype] == 16
@@ -124,15 +130,17 @@ def valid(config: Config, D: int, dtype: str) -> bool:
     return _niter(D, tpr, vec) * vec <= (MAX_REGS_WIDE if wide else MAX_REGS)
 
 
-def space(D: int, dtype: str) -> list[Config]:
+def space(D: int, dtype: str, axes: Sequence[str] = ()) -> list[Config]:
     out = []
     for vec in VECS:
         for tg in TGS:
             for rpg in RPGS:
                 for hint in HINTS:
-                    c: Config = {"tg": tg, "vec": vec, "rpg": rpg} | ({"hint": hint} if hint else {})
-                    if valid(c, D, dtype):
-                        out.append(c)
+                    for red in REDS if "red" in axes else (0,):
+                        c: Config = ({"tg": tg, "vec": vec, "rpg": rpg} | ({"hint": hint} if hint else {})
+                                     | ({"red": red} if red else {}))
+                        if valid(c, D, dtype, axes):
+                            out.append(c)
     return out
 
 
@@ -160,7 +168,7 @@ def prior(config: Config, D: int, dtype: str) -> float:
     cost = abs(math.log2(tg / 362))  # 256 and 512 alike
     cost += 0.5 * math.log2(rpg) * (1.0 if D >= 4096 else 0.25)
     cost += 0.0 if width == 16 else (0.2 if vec == 1 else 0.6)
-    cost += 0.3 * bool(config.get("hint", 0))
+    cost += 0.3 * bool(config.get("hint", 0)) - 0.1 * int(config.get("red", 0))
     return cost
 
 
@@ -181,6 +189,7 @@ def row_launch(config: Config, rows: int, D: int, dtype: str) -> Launch:
         ("RPG", rpg),
         ("NITER", _niter(D, tpr, vec)),
         ("H", int(config.get("hint", 0))),
+        ("RED", int(config.get("red", 0))),
     )
     return Launch(grid=(groups * tg, 1, 1), threadgroup=(tg, 1, 1), template=template)
 
@@ -216,14 +225,14 @@ def check_shape(name: str, shape: Shape) -> None:
     check_row(shape[-1], "float32")
 
 
-def spec_fields(name: str, module_file: str) -> dict[str, Any]:
+def spec_fields(name: str, module_file: str, axes: Sequence[str] = ()) -> dict[str, Any]:
     """The :class:`KernelSpec` fields every row kernel shares: ``rows x D`` shapes, this family's
     space and default, the shape check, and a version over the kernel module and this file."""
     return {
         "dtypes": DTYPES,
         "shape_doc": "rows x D",
         "shapes": ROW_SHAPES,
-        "space": lambda shape, dtype: space(shape[-1], dtype),
+        "space": lambda shape, dtype: space(shape[-1], dtype, axes),
         "version": source_version(module_file, __file__),
         "validate_shape": lambda shape: check_shape(name, shape),
         "test_shapes": [(19, 1024)],
