@@ -8,6 +8,7 @@
 #                            (TORCH_LOGS=output_code) -> inductor_code.txt
 #   STEP=ncu PROFILE="name:shape:config ..."   Nsight Compute's speed-of-light, memory and occupancy
 #                            readings of our kernel and Inductor's for each -> ncu.txt
+#   STEP=catalog             tests/kernels/test_catalog.py -m cuda, 16 processes -> catalog_cuda.txt
 #   STEP=search KERNELS=...  the model strategy vs exhaustive search, candidates precompiled in parallel
 #                            processes (benchmarks/multi_gpu.sh with PASSES=4 PRIMARY_ONLY=1)
 # TABLE_S (default 400) bounds the table step.
@@ -33,6 +34,10 @@ case "${STEP:-table}" in
         --section LaunchStats --kernel-name regex:'custom_kernel|triton' --launch-count 4 \
         python3 benchmarks/peers.py --profile "$item" >> "$OUT/ncu.txt" 2>&1
     done ;;
+  catalog)  # the CUDA catalog test: every config of every kernel's space at its test shapes
+    timeout "${CATALOG_S:-480}" python3 -m pytest --noconftest -p no:cacheprovider -q -m cuda -n 16 \
+      -o timeout=470 tests/kernels/test_catalog.py > "$OUT/catalog_cuda.txt" 2>&1
+    tail -5 "$OUT/catalog_cuda.txt" ;;
   search)  # many files: they come back as one archive beside the merged report
     OUT=/tmp/kf_search PASSES=4 PRIMARY_ONLY=1 BUDGET_S="${BUDGET_S:-480}" bash benchmarks/multi_gpu.sh
     cp /tmp/kf_search/*_session.txt "$OUT/" 2>/dev/null
