@@ -9,9 +9,10 @@ the warps of a row (none when a row is one warp).
 Parameters (the axes of the space): ``tg`` 32..1024, ``vec`` 1/2/4/8 (at most 16 bytes per
 load), ``rpg`` 1/2/4/8; constraints: ``D % vec == 0``, ``TPR >= 32``, every thread owns at least
 one vector (``TPR <= D / vec``), and at most ``MAX_REGS`` cached values per thread.
-With 16-byte vectors: up to ``MAX_REGS_WIDE`` cached values (fewer threads per row, more rows in
-flight), and the ``hint`` axis, the cache policy of the row's loads and stores (``kf_vload_h``:
-0 default, left out of the config; 1 streaming; 2 read-only loads + streaming stores).
+With 16-byte vectors and at most 512 threads: up to ``MAX_REGS_WIDE`` cached values (fewer threads
+per row, more rows in flight). With 16-byte vectors, the ``hint`` axis: the cache policy of the row's
+loads and stores (``kf_vload_h``: 0 default, left out of the config; 1 streaming; 2 read-only loads +
+streaming stores).
 """
 
 from __future__ import annotations
@@ -127,7 +128,9 @@ def valid(config: Config, D: int, dtype: str, axes: Sequence[str] = ()) -> bool:
     tpr = tg // rpg
     if tpr < 32 or tpr % 32 or tpr > D // vec:
         return False
-    return _niter(D, tpr, vec) * vec <= (MAX_REGS_WIDE if wide else MAX_REGS)
+    # 64 cached values need more than the 64 registers a thread of a 1024-thread group can have: an
+    # H100 refused those launches ("too many resources requested": h100_frontier_tuning.jsonl)
+    return _niter(D, tpr, vec) * vec <= (MAX_REGS_WIDE if wide and tg <= 512 else MAX_REGS)
 
 
 def space(D: int, dtype: str, axes: Sequence[str] = ()) -> list[Config]:
