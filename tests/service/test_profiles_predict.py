@@ -99,7 +99,8 @@ def test_score_rises_with_agreement_and_nearby_evidence() -> None:
 def test_another_chip_that_measured_the_very_shape_decides_alone() -> None:
     # the H100 measured 4096x4096 ("a" best) and many other sizes where "b" wins: for the H200, which
     # measured nothing of the kernel, the exact shape decides; with data of its own, every source counts
-    other_sizes = {(K, f"{n}x4096", "float16"): {"a": 1.2 * n, "b": 1.0 * n} for n in (1024, 2048, 8192, 16384)}
+    other_sizes = {(K, f"{n}x4096", "float16"): {"a": 1.2 * n, "b": 1.0 * n}
+                   for n in (1024, 2048, 8192, 16384)}
     h100 = {**other_sizes, (K, "4096x4096", "float16"): {"a": 1.0, "b": 1.3}}
     obs = {"NVIDIA H100 80GB HBM3": h100}
     p = predict("NVIDIA H200", K, "4096x4096", "float16", obs)
