@@ -74,86 +74,68 @@ def _insert(session: Session) -> Any:
     return sqlite_insert if is_sqlite(session.get_bind().engine) else pg_insert
 
 
-_WINDOW_COLUMNS = (ConfigStat.id, ConfigStat.config_key, ConfigStat.runs, ConfigStat.imported_runs,
-                   ConfigStat.worker_ids, ConfigStat.first_seen_at, ConfigStat.last_seen_at,
-                   ConfigStat.last_result_id, ConfigStat.medians_us, ConfigStat.speedups)
-_FIRST_RUN: dict[str, Any] = {"id": None, "runs": 0, "imported_runs": 0, "worker_ids": [],
-                              "first_seen_at": None, "last_seen_at": None, "last_result_id": 0,
-                              "medians_us": [], "speedups": []}
-
-
-def _fold(prior: Any, trial: dict[str, Any], builtin: dict[str, Any] | None, result: Result,
-          when: datetime | None) -> dict[str, Any]:
-    """A stats row's new values after one more run (``prior``: the row, or :data:`_FIRST_RUN`)."""
-    workers = list(prior["worker_ids"])
-    if result.worker_id is not None and result.worker_id not in workers and len(workers) < MAX_WORKERS:
-        workers.append(result.worker_id)
-    first, last = _utc(prior["first_seen_at"]), _utc(prior["last_seen_at"])
-    if when is not None:
-        first, last = (min(first, when) if first else when), (max(last, when) if last else when)
-    medians = [*prior["medians_us"], float(trial["median_us"])][-WINDOW:]
-    center, spread = robust_center(medians)
-    change: dict[str, Any] = {
-        "runs": prior["runs"] + 1, "imported_runs": prior["imported_runs"] + (result.worker_id is None),
-        "worker_ids": workers, "first_seen_at": first, "last_seen_at": last,
-        "last_result_id": max(prior["last_result_id"], result.id),
-        "medians_us": medians, "center_us": center, "spread": spread,
-    }
-    if builtin is not None:
-        speedups = [*prior["speedups"], _ratio_bounds(builtin, trial)][-WINDOW:]
-        mid, lo, hi = speedup_interval(speedups)
-        change.update(speedups=speedups, speedup=mid, speedup_lo=lo, speedup_hi=hi)
-    return change
-
-
 def record(session: Session, result: Result, trials: Sequence[dict[str, Any]],
            measured_at: datetime | None) -> int:
     """Fold one stored result's correct trials into ``config_stats``; returns the rows touched.
 
-    Runs inside the caller's transaction, in two statements: the series' existing rows are read
-    ``FOR UPDATE`` in key order and updated (one executemany), the missing ones inserted with their
-    first run (``ON CONFLICT DO NOTHING``). A row another transaction inserted meanwhile (PostgreSQL)
-    is then read ``FOR UPDATE`` and updated, so two results of one series never lose a run.
+    Runs inside the caller's transaction. New rows are inserted with ``ON CONFLICT DO NOTHING`` and
+    then every row of the result is read ``FOR UPDATE`` in key order, so two results of the same
+    series arriving at once (PostgreSQL) update one after the other and never lose a run.
     """
     ok = [t for t in trials if t["status"] == "ok" and t.get("median_us") and t["median_us"] > 0]
     if not ok:
         return 0
     series = {c: getattr(result, c) for c in SERIES_COLUMNS}
+    keys = sorted(t["config_key"] for t in ok)
     when = _utc(measured_at or result.created_at)
+    blank = {"runs": 0, "imported_runs": 0, "worker_ids": [], "medians_us": [], "speedups": [],
+             "center_us": 0.0, "spread": 0.0, "last_result_id": result.id}
+    insert = _insert(session)
+    session.execute(
+        insert(ConfigStat).on_conflict_do_nothing(index_elements=[*SERIES_COLUMNS, "config_key"]),
+        [{**series, **blank, "config_key": t["config_key"], "config": t["config"],
+          "is_builtin": bool(t.get("is_builtin"))} for t in sorted(ok, key=lambda t: t["config_key"])],
+    )
+    rows = session.execute(
+        select(ConfigStat.id, ConfigStat.config_key, ConfigStat.runs, ConfigStat.imported_runs,
+               ConfigStat.worker_ids, ConfigStat.first_seen_at, ConfigStat.last_seen_at,
+               ConfigStat.last_result_id, ConfigStat.medians_us, ConfigStat.speedups)
+        .where(and_(*(getattr(ConfigStat, c) == v for c, v in series.items())),
+               ConfigStat.config_key.in_(keys))
+        .order_by(ConfigStat.config_key)
+        .with_for_update()
+    ).all()
     by_key = {t["config_key"]: t for t in ok}
     builtin = next((t for t in ok if t.get("is_builtin")), None)
-
-    def locked(keys: Sequence[str]) -> list[Any]:
-        return list(session.execute(
-            select(*_WINDOW_COLUMNS)
-            .where(and_(*(getattr(ConfigStat, c) == v for c, v in series.items())),
-                   ConfigStat.config_key.in_(keys))
-            .order_by(ConfigStat.config_key).with_for_update()
-        ).mappings().all())
-
-    existing = locked(sorted(by_key))
-    missing = sorted(by_key.keys() - {row["config_key"] for row in existing})
-    if missing:
-        fresh = [{**series, **_fold(_FIRST_RUN, by_key[k], builtin, result, when), "config_key": k,
-                  "config": by_key[k]["config"], "is_builtin": bool(by_key[k].get("is_builtin"))}
-                 for k in missing]
-        for row in fresh:
-            row.setdefault("speedups", [])
-        inserted = set(session.scalars(
-            _insert(session)(ConfigStat)
-            .on_conflict_do_nothing(index_elements=[*SERIES_COLUMNS, "config_key"])
-            .returning(ConfigStat.config_key), fresh))
-        raced = [k for k in missing if k not in inserted]
-        if raced:
-            existing += locked(raced)
-    updates = [{"id": row["id"], **_fold(row, by_key[row["config_key"]], builtin, result, when)}
-               for row in existing]
+    updates: list[dict[str, Any]] = []
+    for row in rows:
+        trial = by_key[row.config_key]
+        workers = list(row.worker_ids)
+        if result.worker_id is not None and result.worker_id not in workers and len(workers) < MAX_WORKERS:
+            workers.append(result.worker_id)
+        first, last = _utc(row.first_seen_at), _utc(row.last_seen_at)
+        if when is not None:
+            first, last = (min(first, when) if first else when), (max(last, when) if last else when)
+        medians = [*row.medians_us, float(trial["median_us"])][-WINDOW:]
+        center, spread = robust_center(medians)
+        change: dict[str, Any] = {
+            "id": row.id, "runs": row.runs + 1,
+            "imported_runs": row.imported_runs + (result.worker_id is None),
+            "worker_ids": workers, "first_seen_at": first, "last_seen_at": last,
+            "last_result_id": max(row.last_result_id, result.id),
+            "medians_us": medians, "center_us": center, "spread": spread,
+        }
+        if builtin is not None:
+            speedups = [*row.speedups, _ratio_bounds(builtin, trial)][-WINDOW:]
+            mid, lo, hi = speedup_interval(speedups)
+            change.update(speedups=speedups, speedup=mid, speedup_lo=lo, speedup_hi=hi)
+        updates.append(change)
     # one executemany per set of columns (two at most: with and without a built-in in this run)
     for with_builtin in (True, False):
         batch = [u for u in updates if ("speedups" in u) == with_builtin]
         if batch:
             session.execute(update(ConfigStat), batch)
-    return len(by_key)
+    return len(updates)
 
 
 # what a profile build reads of a stats row: not the bounded windows (for the incremental update only)
