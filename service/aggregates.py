@@ -23,10 +23,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from scipy.stats import binom
-from sqlalchemy import and_, select, update
+from sqlalchemy import Row, and_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.orm import Session, defer
+from sqlalchemy.orm import Session
 
 from kernelfleet.service.db import is_sqlite
 from kernelfleet.service.models import ConfigStat, Result
@@ -138,15 +138,26 @@ def record(session: Session, result: Result, trials: Sequence[dict[str, Any]],
     return len(updates)
 
 
-def current_rows(session: Session, *where: Any, mlx_version: str | None = None) -> list[ConfigStat]:
-    """The stats rows of each (chip, backend, kernel, shape, dtype) series' current measurements: its
-    newest kernel source and, unless ``mlx_version`` is given, its newest MLX version (by the
-    newest result that touched them). Cost: O(stats rows selected), independent of stored results."""
-    # the bounded windows are for the incremental update only: a build never decodes them
-    query = select(ConfigStat).where(*where).options(defer(ConfigStat.medians_us), defer(ConfigStat.speedups))
+# what a profile build reads of a stats row: not the bounded windows (for the incremental update only)
+# nor the config (entries carry it parsed from the key), so a build decodes one small JSON list per row
+STAT_COLUMNS = tuple(getattr(ConfigStat, c) for c in (
+    "chip", "backend", "mlx_version", "kernel", "shape", "dtype", "kernel_hash", "config_key", "is_builtin",
+    "runs", "imported_runs", "worker_ids", "first_seen_at", "last_seen_at", "last_result_id", "center_us",
+    "spread", "speedup", "speedup_lo", "speedup_hi"))
+StatRow = Row[Any]  # a row of STAT_COLUMNS (attribute access by column name)
+
+
+def load_rows(session: Session, *where: Any) -> list[StatRow]:
+    """The stats rows matching ``where`` as plain rows (no ORM objects): O(rows selected)."""
+    return list(session.execute(select(*STAT_COLUMNS).where(*where)).all())
+
+
+def current(rows: Sequence[StatRow], mlx_version: str | None = None) -> list[StatRow]:
+    """The rows of each (chip, backend, kernel, shape, dtype) series' current measurements: its newest
+    kernel source and, unless ``mlx_version`` is given, its newest MLX version (by the newest result
+    that touched them)."""
     if mlx_version is not None:
-        query = query.where(ConfigStat.mlx_version == mlx_version)
-    rows = session.scalars(query).all()
+        rows = [r for r in rows if r.mlx_version == mlx_version]
     newest: dict[tuple[str, ...], tuple[int, str, str]] = {}
     for r in rows:
         key = (r.chip, r.backend, r.kernel, r.shape, r.dtype)
@@ -155,6 +166,14 @@ def current_rows(session: Session, *where: Any, mlx_version: str | None = None) 
             newest[key] = mark
     return [r for r in rows
             if newest[(r.chip, r.backend, r.kernel, r.shape, r.dtype)][1:] == (r.mlx_version, r.kernel_hash)]
+
+
+def current_rows(session: Session, *where: Any, mlx_version: str | None = None) -> list[StatRow]:
+    """:func:`current` of the rows matching ``where``. Cost: O(stats rows selected), independent of
+    stored results."""
+    if mlx_version is not None:
+        where = (*where, ConfigStat.mlx_version == mlx_version)
+    return current(load_rows(session, *where), mlx_version)
 
 
 def chips_with_data(session: Session) -> dict[str, str]:

@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     # background work (service/background.py): result reactions, then profile building
     background_interval_seconds: float = 0.5
     profile_build_delay_seconds: float = 0.0  # testing: make every build this much slower
+    # a chip's profile is rebuilt at most this often: a busy chip's results coalesce into one build
+    # per interval instead of back-to-back builds (each is O(the backend's stats rows))
+    profile_min_interval_seconds: float = 5.0
     prediction_min_confidence: float = 0.8  # below it a predicted entry is the built-in
     calibration_interval_seconds: float = 60.0
     # regression detection
