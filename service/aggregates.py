@@ -175,8 +175,10 @@ def rebuild_all(session: Session) -> int:
     session.execute(ConfigStat.__table__.delete())
     count, after = 0, 0
     while True:
-        page = session.scalars(  # only the columns it reads: a data migration runs before later columns exist
-            select(Result).options(load_only(*(getattr(Result, c) for c in (*SERIES_COLUMNS, *REBUILD_COLUMNS))))
+        # only the columns it reads: a data migration runs before later columns exist
+        columns = (getattr(Result, c) for c in (*SERIES_COLUMNS, *REBUILD_COLUMNS))
+        page = session.scalars(
+            select(Result).options(load_only(*columns))
             .where(Result.id > after, Result.source.in_(("lease", "import")))
             .order_by(Result.id).limit(500)
         ).all()
@@ -186,9 +188,9 @@ def rebuild_all(session: Session) -> int:
             trials = [
                 {"config_key": t.config_key, "config": t.config, "is_builtin": t.is_builtin,
                  "status": t.status.value, "median_us": t.median_us, "p10_us": t.p10_us, "p90_us": t.p90_us}
-                for t in session.execute(select(Trial.config_key, Trial.config, Trial.is_builtin, Trial.status,
-                                                Trial.median_us, Trial.p10_us, Trial.p90_us)
-                                         .where(Trial.result_id == result.id))
+                for t in session.execute(
+                    select(Trial.config_key, Trial.config, Trial.is_builtin, Trial.status, Trial.median_us,
+                           Trial.p10_us, Trial.p90_us).where(Trial.result_id == result.id))
             ]
             record(session, result, trials, result.measured_at)
             count += 1
