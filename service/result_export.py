@@ -16,8 +16,9 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import ColumnElement, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, load_only
 
+from kernelfleet.service.errors import Invalid
 from kernelfleet.service.models import Result
 from kernelfleet.service.schemas import OptUtcTime, UtcTime
 
@@ -91,13 +92,17 @@ class ResultFilter:
 
 def _utc(value: datetime) -> datetime:
     """Naive times are UTC; aware ones are converted (SQLite compares the stored UTC text)."""
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    try:
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except OverflowError:  # e.g. 0001-01-01T00:00+05:00 has no UTC time in datetime's range
+        raise Invalid(f"{value.isoformat()} is outside the range of times that can be compared") from None
 
 
 def page(session: Session, filters: ResultFilter, limit: int, cursor: int | None) -> tuple[list[ResultRow],
                                                                                       int | None]:
     """One page, newest first, and the cursor of the next one (None when this is the last)."""
-    query = select(Result).where(*filters.where())
+    stored = [getattr(Result, c) for c in COLUMNS if c != "speedup"]  # not the golden output nor trials
+    query = select(Result).options(load_only(*stored)).where(*filters.where())
     if cursor is not None:
         query = query.where(Result.id < cursor)
     rows = session.scalars(query.order_by(Result.id.desc()).limit(limit + 1)).all()
