@@ -28,6 +28,17 @@ router = APIRouter(tags=["results"])
 Values = Annotated[list[str], Query()]  # repeatable: ?chip=A&chip=B
 MAX_VALUES = 64
 CSV = "text/csv"
+# a date, optionally with a time and a UTC offset (datetime.fromisoformat's forms); never a number
+ISO_TIME = r"^\d{4}-\d{2}-\d{2}([T ]\d{2}(:\d{2}(:\d{2}(\.\d{1,6})?)?)?(Z|[+-]\d{2}(:?\d{2})?)?)?$"
+
+
+def _time(name: str, value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        raise Invalid(f"{name}: {value!r} is not an ISO 8601 time such as 2026-11-26T15:00:00Z") from None
 
 
 def _values(name: str, values: list[str]) -> list[str]:
@@ -54,9 +65,9 @@ def list_results(
     mlx_version: Values = [],  # noqa: B006
     revision: Values = [],  # noqa: B006
     source: Annotated[list[Literal["lease", "import"]], Query()] = [],  # noqa: B006
-    since: Annotated[datetime | None, Query(description="stored at or after (ISO 8601; UTC if no offset)")]
-    = None,
-    until: Annotated[datetime | None, Query(description="stored before (ISO 8601; UTC if no offset)")] = None,
+    since: Annotated[str | None, Query(pattern=ISO_TIME, description="stored at or after (ISO 8601; UTC if "
+                                       "no offset)")] = None,
+    until: Annotated[str | None, Query(pattern=ISO_TIME, description="stored before (ISO 8601)")] = None,
     cursor: Annotated[OptRowId, Query(description="next_cursor of the previous page")] = None,
     limit: Annotated[int, Query(ge=1, le=5000)] = 500,
     format: Annotated[Literal["json", "csv"] | None, Query(
@@ -67,7 +78,8 @@ def list_results(
     filters = ResultFilter(
         chip=_values("chip", chip), kernel=_values("kernel", kernel), shape=_values("shape", shape),
         dtype=dtype, backend=backend, mlx_version=_values("mlx_version", mlx_version),
-        revision=_values("revision", revision), source=source, since=since, until=until,
+        revision=_values("revision", revision), source=source, since=_time("since", since),
+        until=_time("until", until),
     )
     with db() as session:
         items, next_cursor = page(session, filters, limit, cursor)
