@@ -26,7 +26,7 @@ from scipy.stats import binom
 from sqlalchemy import Row, and_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, load_only
 
 from kernelfleet.service.db import is_sqlite
 from kernelfleet.service.models import ConfigStat, Result
@@ -36,6 +36,7 @@ MAX_WORKERS = 64  # distinct worker ids kept per row (the count saturates there)
 # for n runs, the rank k of the order-statistic ~95 % interval of a median: P(Binom(n, 1/2) < k) <= .025
 _MEDIAN_RANK = [int(binom.ppf(0.025, n, 0.5)) for n in range(WINDOW + 1)]
 SERIES_COLUMNS = ("chip", "backend", "mlx_version", "kernel", "shape", "dtype", "kernel_hash")
+REBUILD_COLUMNS = ("id", "source", "worker_id", "created_at", "measured_at")
 
 
 def robust_center(values: Sequence[float]) -> tuple[float, float]:
@@ -193,8 +194,11 @@ def rebuild_all(session: Session) -> int:
     session.execute(ConfigStat.__table__.delete())
     count, after = 0, 0
     while True:
+        # only the columns it reads: a data migration runs before later columns exist
+        columns = (getattr(Result, c) for c in (*SERIES_COLUMNS, *REBUILD_COLUMNS))
         page = session.scalars(
-            select(Result).where(Result.id > after, Result.source.in_(("lease", "import")))
+            select(Result).options(load_only(*columns))
+            .where(Result.id > after, Result.source.in_(("lease", "import")))
             .order_by(Result.id).limit(500)
         ).all()
         if not page:
@@ -203,7 +207,9 @@ def rebuild_all(session: Session) -> int:
             trials = [
                 {"config_key": t.config_key, "config": t.config, "is_builtin": t.is_builtin,
                  "status": t.status.value, "median_us": t.median_us, "p10_us": t.p10_us, "p90_us": t.p90_us}
-                for t in session.scalars(select(Trial).where(Trial.result_id == result.id))
+                for t in session.execute(
+                    select(Trial.config_key, Trial.config, Trial.is_builtin, Trial.status, Trial.median_us,
+                           Trial.p10_us, Trial.p90_us).where(Trial.result_id == result.id))
             ]
             record(session, result, trials, result.measured_at)
             count += 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from platformdirs import user_data_dir
 from pydantic import Field
@@ -73,6 +73,14 @@ class Settings(BaseSettings):
     # regression detection
     regression_min_effect: float = 0.03
     regression_history_runs: int = 20
+    # alerts (service/notifications.py): a POST to each URL when a regression is confirmed, in the
+    # background, retried with exponential backoff; KERNELFLEET_WEBHOOK_URLS='["https://..."]'
+    webhook_urls: list[str] = Field(default_factory=list)
+    webhook_format: Literal["json", "slack"] = "json"  # slack: {"text": ...} for Slack-compatible hooks
+    webhook_timeout_seconds: float = 5.0
+    webhook_max_attempts: int = 6
+    webhook_backoff_seconds: float = 10.0  # first retry after this, doubling up to the max
+    webhook_backoff_max_seconds: float = 900.0
 
     def engine_options(self) -> dict[str, Any]:
         return {"pool_size": self.db_pool_size, "max_overflow": self.db_max_overflow,
