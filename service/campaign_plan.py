@@ -1,5 +1,5 @@
 """The plan of ``kernelfleet admin campaign create``: each kernel's shapes, from ``--kernel`` x ``--shape``,
-``--kernel-shape KERNEL=SHAPE`` or a model's ``config.json`` (:mod:`kernelfleet.service.model_shapes`),
+``--kernel-shape KERNEL=SHAPE`` or a model's ``config.json`` (:mod:`kernelfleet.kernels.model_shapes`),
 printed before anything is queued."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kernelfleet.service.model_shapes import (
+from kernelfleet.kernels.model_shapes import (
     DEFAULT_DECODE,
     DEFAULT_PREFILL,
     ModelConfigError,

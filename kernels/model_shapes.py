@@ -5,7 +5,8 @@ during decode and prefill, as ``kernel -> [shape, ...]`` (each kernel's own shap
 ``kernelfleet kernels``). Token counts: decode batches (one new token per sequence: ``rows = batch``)
 and prefill lengths (one sequence: ``rows = length``). :func:`kernelfleet.kernels.model_patch.patch`
 routes the same calls at run time, so a campaign from this plan tunes exactly what the patched model
-looks up in the profile.
+looks up in the profile. Imports only the standard library and the catalog (mlx, numpy): it runs on a
+bare GPU host (``benchmarks/model.py``).
 
 Only architectures whose mlx-lm module was read are mapped (:data:`ARCHITECTURES`); any other
 ``model_type`` is refused with the fields that could not be mapped.
@@ -19,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernelfleet.kernels.catalog import get_spec
-from kernelfleet.kernels.spec import BadShape, Shape, format_shape
+from .catalog import get_spec
+from .spec import BadShape, Shape, format_shape
 
 DEFAULT_DECODE = (1, 8, 32)
 DEFAULT_PREFILL = (512, 2048)
