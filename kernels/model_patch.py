@@ -45,9 +45,11 @@ class ModuleReport:
 
     @property
     def calls(self) -> dict[str, int]:
-        """Calls since patching: ``custom`` (a profile config ran) and ``builtin``."""
+        """Since patching: kernel runs with a profile config (``custom``; on CPU these execute as the
+        built-in) or as the catalog's built-in (``builtin``), and calls that ran the module's own code
+        (``module``: the profile picks nothing custom at that call's shapes)."""
         r = self.router
-        return {"custom": r.custom, "builtin": r.builtin} if r else {"custom": 0, "builtin": 0}
+        return {"custom": r.custom, "builtin": r.builtin, "module": r.module} if r else {}
 
 
 @dataclass
@@ -128,7 +130,7 @@ def _swap_class(module: nn.Module, site: Site, router: Router) -> Callable[[], N
 
 def _replace_child(parent: nn.Module, name: str, site: Site, router: Router) -> Callable[[], None]:
     original = getattr(parent, name)
-    setattr(parent, name, KernelSwiGLU(router, site.extra["inter"]))
+    setattr(parent, name, KernelSwiGLU(router, site.extra["inter"], original))
 
     def undo() -> None:
         setattr(parent, name, original)
@@ -136,16 +138,17 @@ def _replace_child(parent: nn.Module, name: str, site: Site, router: Router) -> 
 
 
 def patch(model: nn.Module, profile: str | Path | dict[str, Any] | None = None, *,
-          min_confidence: float = DEFAULT_MIN_CONFIDENCE) -> PatchReport:
+          min_confidence: float = DEFAULT_MIN_CONFIDENCE, custom_kernels: bool = True) -> PatchReport:
     """Patch ``model`` in place with this chip's profile (``profile=None``: the one ``kernelfleet pull``
     stored; or a profile file's path, or a profile body). Returns what was patched and kept, and why
-    (also kept on the model for :func:`unpatch`)."""
+    (also kept on the model for :func:`unpatch`). ``custom_kernels=False`` routes the same calls
+    through the catalog's built-ins only (to count calls or check numerics)."""
     if getattr(model, ATTR, None) is not None:
         raise ValueError("this model is already patched by kernelfleet; "
                          "call kernelfleet.unpatch(model) first")
     target = runtime.target()
     view = load(profile, target.chip, min_confidence)
-    gpu = runtime.gpu_backend() is not None
+    gpu = custom_kernels and runtime.gpu_backend() is not None
     dtype = _model_dtype(model)
     report = PatchReport([], view.source, target.backend, dtype)
     consumed: set[int] = set()

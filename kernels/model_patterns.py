@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import mlx.core as mx
@@ -23,35 +24,61 @@ from . import runtime
 from .catalog import get_spec
 from .common import dtype_name, prod
 from .profile_view import ProfileView
-from .spec import BUILTIN, BadShape, Shape, format_shape
+from .spec import BadShape, Config, Shape, format_shape
 
 Member = Callable[[Shape], bool]
 
 
 @dataclass
 class Router:
-    """Per patched module: picks the config per call and counts which path each call took."""
+    """Per patched module: the profile's choice per call, and which path each call took.
+
+    A call where the profile holds a custom config for one of its kernels at the exact shape takes the
+    kernel path: each kernel runs its profile config, or the catalog's built-in where it has none.
+    Any other call runs the module's own code (``module`` calls). With ``gpu`` False (CPU, or
+    ``patch(custom_kernels=False)``) the kernel path is taken at the same calls but every kernel runs
+    as the catalog's built-in."""
 
     view: ProfileView
     gpu: bool  # custom kernels can run on this backend
-    custom: int = 0
-    builtin: int = 0
-    seen: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (kernel, shape, dtype) -> calls
+    custom: int = 0  # kernel runs with a profile config
+    builtin: int = 0  # kernel runs as the catalog's built-in
+    module: int = 0  # calls that ran the module's own code
+    seen: dict[tuple[str, str, str], int] = field(default_factory=dict)  # kernel runs per key
+    params: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)  # their parameters
+    _memo: dict[tuple[str, Shape, Any], tuple[tuple[str, str, str], Config | None]] = field(
+        default_factory=dict, repr=False)
+
+    def _choice(self, kernel: str, shape: Shape, dt: Any) -> tuple[tuple[str, str, str], Config | None]:
+        memo_key = (kernel, shape, dt)
+        hit = self._memo.get(memo_key)
+        if hit is None:  # decided once per (kernel, shape, dtype): calls stay cheap
+            dtype = dtype_name(dt) if dt in (mx.float32, mx.float16, mx.bfloat16) else ""
+            config = self.view.choice(kernel, shape, dtype)
+            if config is not None:
+                try:
+                    get_spec(kernel).validate_shape(shape)
+                except BadShape:
+                    config = None
+            hit = self._memo[memo_key] = ((kernel, format_shape(shape), dtype), config)
+        return hit
+
+    def picks(self, *calls: tuple[str, Shape, Any]) -> bool:
+        """Whether any of these (kernel, shape, dtype) calls has a custom config in the profile."""
+        return any(self._choice(*c)[1] is not None for c in calls)
+
+    def own(self, orig: Call, module: Any, *args: Any, **kwargs: Any) -> Any:
+        self.module += 1
+        return orig(module, *args, **kwargs)
 
     def run(self, kernel: str, inputs: list[mx.array], shape: Shape, **params: Any) -> list[mx.array]:
-        dt = inputs[0].dtype
-        dtype = dtype_name(dt) if dt in (mx.float32, mx.float16, mx.bfloat16) else ""
-        key = (kernel, format_shape(shape), dtype)
+        key, config = self._choice(kernel, shape, inputs[0].dtype)
         self.seen[key] = self.seen.get(key, 0) + 1
-        config = self.view.choice(kernel, shape, dtype) if self.gpu else None
-        if config is not None:
-            try:
-                get_spec(kernel).validate_shape(shape)
-            except BadShape:
-                config = None
-        if config is None:
-            self.builtin += 1
-            return runtime.run(kernel, inputs, shape, BUILTIN, **params)
+        self.params.setdefault(key, params)
+        if config is None or not self.gpu:
+            self.builtin += config is None
+            self.custom += config is not None
+            return runtime.builtin(kernel, inputs, **params)
         self.custom += 1
         return runtime.run(kernel, inputs, shape, config, **params)
 
@@ -74,6 +101,7 @@ def _rows(x: mx.array) -> int:
     return prod(x.shape[:-1])
 
 
+@cache
 def source_has(cls: type, *lines: str) -> bool:
     """Whether ``cls.__call__``'s source contains every line (whitespace-insensitive)."""
     try:
@@ -98,7 +126,10 @@ def rms_norm(m: nn.Module) -> Site | None:
     d = int(m.weight.shape[-1])
 
     def call(self: Any, r: Router, orig: Call, x: mx.array) -> mx.array:
-        return r.run("rmsnorm", [x, self.weight], (_rows(x), d), eps=float(self.eps))[0]
+        shape = (_rows(x), d)
+        if not r.picks(("rmsnorm", shape, x.dtype)):
+            return r.own(orig, self, x)
+        return r.run("rmsnorm", [x, self.weight], shape, eps=float(self.eps))[0]
     return Site("rmsnorm", {"rmsnorm": lambda s: len(s) == 2 and s[1] == d}, f"rows x {d}", call)
 
 
@@ -108,7 +139,10 @@ def layer_norm(m: nn.Module) -> Site | None:
     d = int(m.weight.shape[-1])
 
     def call(self: Any, r: Router, orig: Call, x: mx.array) -> mx.array:
-        return r.run("layernorm", [x, self.weight, self.bias], (_rows(x), d), eps=float(self.eps))[0]
+        shape = (_rows(x), d)
+        if not r.picks(("layernorm", shape, x.dtype)):
+            return r.own(orig, self, x)
+        return r.run("layernorm", [x, self.weight, self.bias], shape, eps=float(self.eps))[0]
     return Site("layernorm", {"layernorm": lambda s: len(s) == 2 and s[1] == d}, f"rows x {d}", call)
 
 
@@ -118,11 +152,12 @@ def rope(m: nn.Module) -> Site | None:
     dims = int(m.dims)
 
     def call(self: Any, r: Router, orig: Call, x: mx.array, offset: Any = 0) -> mx.array:
-        if x.ndim < 3 or x.shape[-1] != dims or (isinstance(offset, mx.array) and offset.size != 1):
-            return orig(self, x, offset)  # partial rotation or per-sequence offsets: mlx's own
+        shape = (prod(x.shape[:-2]), int(x.shape[-2]), dims)
+        if x.ndim < 3 or x.shape[-1] != dims or (isinstance(offset, mx.array) and offset.size != 1) \
+                or not r.picks(("rope", shape, x.dtype)):
+            return r.own(orig, self, x, offset)  # also partial rotation, per-sequence offsets
         off = offset.astype(mx.int32).reshape(1) if isinstance(offset, mx.array) \
             else mx.array([int(offset)], mx.int32)
-        shape = (prod(x.shape[:-2]), int(x.shape[-2]), dims)
         return r.run("rope", [x, off], shape, base=float(self.base))[0]
     return Site("rope", {"rope": lambda s: len(s) == 3 and s[2] == dims}, f"heads x positions x {dims}", call)
 
@@ -143,8 +178,11 @@ def swiglu_mlp(m: nn.Module) -> Site | None:
     inter = _out_dims(m.gate_proj)
 
     def call(self: Any, r: Router, orig: Call, x: mx.array) -> mx.array:
+        shape = (_rows(x), inter)
+        if not r.picks(("swiglu", shape, x.dtype)):
+            return r.own(orig, self, x)
         g, u = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(r.run("swiglu", [g, u], (_rows(g), inter))[0])
+        return self.down_proj(r.run("swiglu", [g, u], shape)[0])
     return Site("swiglu", {"swiglu": lambda s: len(s) == 2 and s[1] == inter}, f"rows x {inter}", call)
 
 
@@ -152,12 +190,16 @@ class KernelSwiGLU(nn.Module):
     """Stands in for mlx-lm's ``SwiGLU`` activation inside one ``SwitchGLU`` (mlx-lm shares a single
     default ``SwiGLU()`` between every ``SwitchGLU``, so that object is never changed itself)."""
 
-    def __init__(self, router: Router, inter: int):
+    def __init__(self, router: Router, inter: int, original: nn.Module):
         super().__init__()
         self._router, self._inter = router, inter
+        object.__setattr__(self, "_original", original)  # not a child module: the tree stays as it was
 
     def __call__(self, x: mx.array, gate: mx.array) -> mx.array:
-        return self._router.run("swiglu", [gate, x], (_rows(gate), self._inter))[0]
+        shape = (_rows(gate), self._inter)
+        if not self._router.picks(("swiglu", shape, gate.dtype)):
+            return self._router.own(type(self._original).__call__, self._original, x, gate)
+        return self._router.run("swiglu", [gate, x], shape)[0]
 
 
 def switch_glu(m: nn.Module) -> Site | None:
@@ -191,14 +233,16 @@ def moe_router(m: nn.Module) -> Site | None:
     d = int(m.switch_mlp.down_proj.weight.shape[-2])
 
     def call(self: Any, r: Router, orig: Call, x: mx.array) -> mx.array:
-        if getattr(self, "sharding_group", None) is not None:
-            return orig(self, x)
+        rows = _rows(x)
+        if getattr(self, "sharding_group", None) is not None or not r.picks(
+                ("topk_gating_softmax", (rows, experts), x.dtype), ("moe_combine", (rows, k, d), x.dtype)):
+            return r.own(orig, self, x)
         gates = self.gate(x)
-        w, inds = r.run("topk_gating_softmax", [gates], (_rows(gates), experts), k=k)
+        w, inds = r.run("topk_gating_softmax", [gates], (rows, experts), k=k)
         if normalize:
             w = w / mx.sum(w, axis=-1, keepdims=True)
         y = self.switch_mlp(x, inds)
-        return r.run("moe_combine", [y, w.astype(y.dtype)], (prod(y.shape[:-2]), k, d))[0].astype(y.dtype)
+        return r.run("moe_combine", [y, w.astype(y.dtype)], (rows, k, d))[0].astype(y.dtype)
     return Site("moe router + combine",
                 {"topk_gating_softmax": lambda s: len(s) == 2 and s[1] == experts,
                  "moe_combine": lambda s: len(s) == 3 and s[1] == k and s[2] == d},
@@ -223,6 +267,8 @@ def residual_norm_block(m: nn.Module) -> Site | None:
     d = int(post.weight.shape[-1])
 
     def call(self: Any, r: Router, orig: Call, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        if not r.picks(("add_rmsnorm", (_rows(x), d), x.dtype)):
+            return r.own(orig, self, x, mask, cache)
         attn = self.self_attn(self.input_layernorm(x), mask, cache)
         post = self.post_attention_layernorm
         normed, h = r.run("add_rmsnorm", [x, attn, post.weight], (_rows(x), d), eps=float(post.eps))

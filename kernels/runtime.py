@@ -120,6 +120,11 @@ def run(name: str, inputs: Sequence[mx.array], shape: Shape, config: Config, **p
     return _run(name, inputs, shape, dtype, config, backend, params)
 
 
+def builtin(name: str, inputs: Sequence[mx.array], **params: Any) -> list[mx.array]:
+    """The MLX built-in variant of kernel ``name``."""
+    return list(_module(name).builtin(inputs, **params))
+
+
 def _run(name: str, inputs: Sequence[mx.array], shape: Shape, dtype: str, config: Config,
          backend: GpuBackend, params: dict[str, Any]) -> list[mx.array]:
     mod = _module(name)
