@@ -30,7 +30,8 @@ def test_editable_install_imports_kernelfleet_patch(tmp_path: Path) -> None:
     """The development install (``pip install -e``, as ``make venv`` does) serves ``kernelfleet.patch``
     from the repository, outside its folder too."""
     code = LAZY_PATCH + "import kernelfleet.worker.cli, kernelfleet.web\n"
-    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, r.stderr
     assert f"patch from {ROOT / 'kernels' / 'model_patch.py'}" in r.stdout
 
