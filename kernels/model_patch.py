@@ -28,7 +28,7 @@ import mlx.nn as nn
 
 from . import runtime
 from .common import dtype_name
-from .model_patterns import PATTERNS, KernelSwiGLU, Router, Site
+from .model_patterns import PATTERNS, KernelSwiGLU, Router, Site, wrap
 from .profile_view import DEFAULT_MIN_CONFIDENCE, ProfileView, load
 
 ATTR = "_kernelfleet_patch"
@@ -116,12 +116,8 @@ def _model_dtype(model: nn.Module) -> str:
 
 def _swap_class(module: nn.Module, site: Site, router: Router) -> Callable[[], None]:
     original = type(module)
-    orig_call = original.__call__
-
-    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return site.call(self, router, orig_call, *args, **kwargs)
-
-    module.__class__ = type(original.__name__, (original,), {"__call__": __call__, "_kf_original": original})
+    call = wrap(site, router, original.__call__)
+    module.__class__ = type(original.__name__, (original,), {"__call__": call, "_kf_original": original})
 
     def undo() -> None:
         module.__class__ = original
@@ -130,7 +126,7 @@ def _swap_class(module: nn.Module, site: Site, router: Router) -> Callable[[], N
 
 def _replace_child(parent: nn.Module, name: str, site: Site, router: Router) -> Callable[[], None]:
     original = getattr(parent, name)
-    setattr(parent, name, KernelSwiGLU(router, site.extra["inter"], original))
+    setattr(parent, name, KernelSwiGLU(wrap(site, router, type(original).__call__), original))
 
     def undo() -> None:
         setattr(parent, name, original)

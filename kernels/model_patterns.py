@@ -83,7 +83,10 @@ class Router:
         return runtime.run(kernel, inputs, shape, config, **params)
 
 
-Call = Callable[..., Any]  # (module, router, original __call__, *args, **kwargs)
+Call = Callable[..., Any]
+
+
+Plan = Callable[[tuple[int, ...]], list[tuple[str, Shape]]]  # input shape -> the (kernel, shape) calls
 
 
 @dataclass
@@ -91,14 +94,38 @@ class Site:
     kind: str
     families: dict[str, Member]  # kernel -> its shapes at this module, any token count
     label: str  # e.g. "rows x 4096"
-    call: Call
+    plan: Plan  # the kernel calls a call with this first input's shape makes
+    call: Call  # the kernel path: (module, router, original __call__, *args, **kwargs)
     consumes: tuple[str, ...] = ()  # child modules whose computation this call takes over
     replace_child: str | None = None  # replace this attribute by a wrapper instead of the module's class
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _rows(x: mx.array) -> int:
     return prod(x.shape[:-1])
+
+
+MEMO_MAX = 1024  # distinct (input shape, dtype) decisions kept per patched module
+
+
+def wrap(site: Site, router: Router, orig: Call) -> Call:
+    """The patched ``__call__``: the kernel path where the profile picks a custom config for one of the
+    call's kernels at this input shape, else the module's own code. Decided once per (input shape,
+    dtype), so a call that keeps the module's code costs one dictionary lookup."""
+    memo: dict[tuple[Any, Any], bool] = {}
+    plan, call = site.plan, site.call
+
+    def __call__(self: Any, x: mx.array, *args: Any, **kwargs: Any) -> Any:
+        key = (x.shape, x.dtype)
+        go = memo.get(key)
+        if go is None:
+            if len(memo) >= MEMO_MAX:
+                memo.clear()
+            go = memo[key] = router.picks(*((kernel, shape, x.dtype) for kernel, shape in plan(key[0])))
+        if not go:
+            router.module += 1
+            return orig(self, x, *args, **kwargs)
+        return call(self, router, orig, x, *args, **kwargs)
+    return __call__
 
 
 @cache
@@ -126,11 +153,9 @@ def rms_norm(m: nn.Module) -> Site | None:
     d = int(m.weight.shape[-1])
 
     def call(self: Any, r: Router, orig: Call, x: mx.array) -> mx.array:
-        shape = (_rows(x), d)
-        if not r.picks(("rmsnorm", shape, x.dtype)):
-            return r.own(orig, self, x)
-        return r.run("rmsnorm", [x, self.weight], shape, eps=float(self.eps))[0]
-    return Site("rmsnorm", {"rmsnorm": lambda s: len(s) == 2 and s[1] == d}, f"rows x {d}", call)
+        return r.run("rmsnorm", [x, self.weight], (_rows(x), d), eps=float(self.eps))[0]
+    return Site("rmsnorm", {"rmsnorm": lambda s: len(s) == 2 and s[1] == d}, f"rows x {d}",
+                lambda shape: [("rmsnorm", (prod(shape[:-1]), d))], call)
 
 
 def layer_norm(m: nn.Module) -> Site | None:
@@ -139,11 +164,9 @@ def layer_norm(m: nn.Module) -> Site | None:
     d = int(m.weight.shape[-1])
 
     def call(self: Any, r: Router, orig: Call, x: mx.array) -> mx.array:
-        shape = (_rows(x), d)
-        if not r.picks(("layernorm", shape, x.dtype)):
-            return r.own(orig, self, x)
-        return r.run("layernorm", [x, self.weight, self.bias], shape, eps=float(self.eps))[0]
-    return Site("layernorm", {"layernorm": lambda s: len(s) == 2 and s[1] == d}, f"rows x {d}", call)
+        return r.run("layernorm", [x, self.weight, self.bias], (_rows(x), d), eps=float(self.eps))[0]
+    return Site("layernorm", {"layernorm": lambda s: len(s) == 2 and s[1] == d}, f"rows x {d}",
+                lambda shape: [("layernorm", (prod(shape[:-1]), d))], call)
 
 
 def rope(m: nn.Module) -> Site | None:
@@ -151,15 +174,19 @@ def rope(m: nn.Module) -> Site | None:
         return None
     dims = int(m.dims)
 
+    def plan(shape: tuple[int, ...]) -> list[tuple[str, Shape]]:
+        if len(shape) < 3 or shape[-1] != dims:  # partial rotation: mlx's own
+            return []
+        return [("rope", (prod(shape[:-2]), shape[-2], dims))]
+
     def call(self: Any, r: Router, orig: Call, x: mx.array, offset: Any = 0) -> mx.array:
-        shape = (prod(x.shape[:-2]), int(x.shape[-2]), dims)
-        if x.ndim < 3 or x.shape[-1] != dims or (isinstance(offset, mx.array) and offset.size != 1) \
-                or not r.picks(("rope", shape, x.dtype)):
-            return r.own(orig, self, x, offset)  # also partial rotation, per-sequence offsets
+        if isinstance(offset, mx.array) and offset.size != 1:  # per-sequence offsets: mlx's own
+            return r.own(orig, self, x, offset)
         off = offset.astype(mx.int32).reshape(1) if isinstance(offset, mx.array) \
             else mx.array([int(offset)], mx.int32)
-        return r.run("rope", [x, off], shape, base=float(self.base))[0]
-    return Site("rope", {"rope": lambda s: len(s) == 3 and s[2] == dims}, f"heads x positions x {dims}", call)
+        return r.run("rope", [x, off], plan(x.shape)[0][1], base=float(self.base))[0]
+    return Site("rope", {"rope": lambda s: len(s) == 3 and s[2] == dims}, f"heads x positions x {dims}",
+                plan, call)
 
 
 def _swiglu_fn() -> Any:
@@ -178,28 +205,23 @@ def swiglu_mlp(m: nn.Module) -> Site | None:
     inter = _out_dims(m.gate_proj)
 
     def call(self: Any, r: Router, orig: Call, x: mx.array) -> mx.array:
-        shape = (_rows(x), inter)
-        if not r.picks(("swiglu", shape, x.dtype)):
-            return r.own(orig, self, x)
         g, u = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(r.run("swiglu", [g, u], shape)[0])
-    return Site("swiglu", {"swiglu": lambda s: len(s) == 2 and s[1] == inter}, f"rows x {inter}", call)
+        return self.down_proj(r.run("swiglu", [g, u], (_rows(x), inter))[0])
+    return Site("swiglu", {"swiglu": lambda s: len(s) == 2 and s[1] == inter}, f"rows x {inter}",
+                lambda shape: [("swiglu", (prod(shape[:-1]), inter))], call)
 
 
 class KernelSwiGLU(nn.Module):
     """Stands in for mlx-lm's ``SwiGLU`` activation inside one ``SwitchGLU`` (mlx-lm shares a single
     default ``SwiGLU()`` between every ``SwitchGLU``, so that object is never changed itself)."""
 
-    def __init__(self, router: Router, inter: int, original: nn.Module):
+    def __init__(self, call: Call, original: nn.Module):
         super().__init__()
-        self._router, self._inter = router, inter
+        self._call = call
         object.__setattr__(self, "_original", original)  # not a child module: the tree stays as it was
 
     def __call__(self, x: mx.array, gate: mx.array) -> mx.array:
-        shape = (_rows(gate), self._inter)
-        if not self._router.picks(("swiglu", shape, gate.dtype)):
-            return self._router.own(type(self._original).__call__, self._original, x, gate)
-        return self._router.run("swiglu", [gate, x], shape)[0]
+        return self._call(self._original, x, gate)
 
 
 def switch_glu(m: nn.Module) -> Site | None:
@@ -210,8 +232,11 @@ def switch_glu(m: nn.Module) -> Site | None:
     if not _mlx_lm(act, "SwiGLU") or not source_has(type(act), "return swiglu(gate, x)"):  # type: ignore[arg-type]
         return None
     inter = int(m.gate_proj.weight.shape[-2])
+
+    def call(self: Any, r: Router, orig: Call, x: mx.array, gate: mx.array) -> mx.array:
+        return r.run("swiglu", [gate, x], (_rows(gate), inter))[0]
     return Site("swiglu (experts)", {"swiglu": lambda s: len(s) == 2 and s[1] == inter}, f"rows x {inter}",
-                call=lambda *a, **k: None, replace_child="activation", extra={"inter": inter})
+                lambda shape: [("swiglu", (prod(shape[:-1]), inter))], call, replace_child="activation")
 
 
 def moe_router(m: nn.Module) -> Site | None:
@@ -233,10 +258,9 @@ def moe_router(m: nn.Module) -> Site | None:
     d = int(m.switch_mlp.down_proj.weight.shape[-2])
 
     def call(self: Any, r: Router, orig: Call, x: mx.array) -> mx.array:
-        rows = _rows(x)
-        if getattr(self, "sharding_group", None) is not None or not r.picks(
-                ("topk_gating_softmax", (rows, experts), x.dtype), ("moe_combine", (rows, k, d), x.dtype)):
+        if getattr(self, "sharding_group", None) is not None:
             return r.own(orig, self, x)
+        rows = _rows(x)
         gates = self.gate(x)
         w, inds = r.run("topk_gating_softmax", [gates], (rows, experts), k=k)
         if normalize:
@@ -246,7 +270,9 @@ def moe_router(m: nn.Module) -> Site | None:
     return Site("moe router + combine",
                 {"topk_gating_softmax": lambda s: len(s) == 2 and s[1] == experts,
                  "moe_combine": lambda s: len(s) == 3 and s[1] == k and s[2] == d},
-                f"{experts} experts, top {k}, {d}", call)
+                f"{experts} experts, top {k}, {d}",
+                lambda shape: [("topk_gating_softmax", (prod(shape[:-1]), experts)),
+                               ("moe_combine", (prod(shape[:-1]), k, d))], call)
 
 
 _BLOCK_LINES = ("r = self.self_attn(self.input_layernorm(x), mask, cache)", "h = x + r", "out = h + r")
@@ -267,14 +293,13 @@ def residual_norm_block(m: nn.Module) -> Site | None:
     d = int(post.weight.shape[-1])
 
     def call(self: Any, r: Router, orig: Call, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
-        if not r.picks(("add_rmsnorm", (_rows(x), d), x.dtype)):
-            return r.own(orig, self, x, mask, cache)
         attn = self.self_attn(self.input_layernorm(x), mask, cache)
         post = self.post_attention_layernorm
         normed, h = r.run("add_rmsnorm", [x, attn, post.weight], (_rows(x), d), eps=float(post.eps))
         return h + getattr(self, mlp_name)(normed)
     return Site("residual add + rmsnorm", {"add_rmsnorm": lambda s: len(s) == 2 and s[1] == d},
-                f"rows x {d}", call, consumes=("post_attention_layernorm",))
+                f"rows x {d}", lambda shape: [("add_rmsnorm", (prod(shape[:-1]), d))], call,
+                consumes=("post_attention_layernorm",))
 
 
 # blocks first: a block that fuses its post-attention norm takes that norm over
