@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import httpx
 from conftest import Coordinator
 from test_serve_cli import run_cli
 
@@ -37,6 +38,8 @@ def test_each_kernel_gets_its_own_shapes(coordinator: Coordinator) -> None:
     assert body["progress"]["total"] == 5 * 2
     got = Counter((j["kernel"], j["shape"]) for j in jobs(coordinator, body["id"]))
     assert got == Counter({(k, s): 2 for k, v in sets.items() for s in v})
+    page = httpx.get(coordinator.url + "/campaigns", timeout=30)  # the dashboard's campaigns page
+    assert page.status_code == 200 and "3 kernels, 5 kernel shapes × 2 dtypes" in page.text
     with coordinator.admin() as c:
         listed = c.get("/campaigns").json()
         assert listed[0]["kernel_shapes"] == sets
