@@ -195,20 +195,29 @@ def _swiglu_fn() -> Any:
     return activations.swiglu
 
 
-def swiglu_mlp(m: nn.Module) -> Site | None:
-    """mlx-lm's dense MLP: ``down_proj(swiglu(gate_proj(x), up_proj(x)))``."""
-    if not _mlx_lm(m, "MLP") or not source_has(
-            type(m), "return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))"):
+GATED_MLPS = {  # the __call__ line of mlx-lm's gated MLPs -> the catalog kernel of its activation
+    "return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))": "swiglu",  # llama, qwen, ...
+    "return self.down_proj(nn.gelu_approx(self.gate_proj(x)) * self.up_proj(x))": "geglu",  # gemma 2, 3
+}
+
+
+def gated_mlp(m: nn.Module) -> Site | None:
+    """mlx-lm's dense gated MLP: ``down_proj(act(gate_proj(x)) * up_proj(x))`` with SwiGLU (mlx-lm's
+    ``activations.swiglu``) or the tanh GELU (``nn.gelu_approx``, as the catalog's geglu)."""
+    if not _mlx_lm(m, "MLP"):
         return None
-    if getattr(inspect.getmodule(type(m)), "swiglu", None) is not _swiglu_fn():
+    kernel = next((k for line, k in GATED_MLPS.items() if source_has(type(m), line)), None)
+    names = vars(inspect.getmodule(type(m)) or nn)
+    if kernel is None or (kernel == "swiglu" and names.get("swiglu") is not _swiglu_fn()) \
+            or (kernel == "geglu" and names.get("nn") is not nn):
         return None
     inter = _out_dims(m.gate_proj)
 
     def call(self: Any, r: Router, orig: Call, x: mx.array) -> mx.array:
         g, u = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(r.run("swiglu", [g, u], (_rows(x), inter))[0])
-    return Site("swiglu", {"swiglu": lambda s: len(s) == 2 and s[1] == inter}, f"rows x {inter}",
-                lambda shape: [("swiglu", (prod(shape[:-1]), inter))], call)
+        return self.down_proj(r.run(kernel, [g, u], (_rows(x), inter))[0])
+    return Site(kernel, {kernel: lambda s: len(s) == 2 and s[1] == inter}, f"rows x {inter}",
+                lambda shape: [(kernel, (prod(shape[:-1]), inter))], call)
 
 
 class KernelSwiGLU(nn.Module):
@@ -304,4 +313,4 @@ def residual_norm_block(m: nn.Module) -> Site | None:
 
 # blocks first: a block that fuses its post-attention norm takes that norm over
 PATTERNS: tuple[Callable[[nn.Module], Site | None], ...] = (
-    residual_norm_block, moe_router, swiglu_mlp, switch_glu, rms_norm, layer_norm, rope)
+    residual_norm_block, moe_router, gated_mlp, switch_glu, rms_norm, layer_norm, rope)

@@ -33,6 +33,8 @@ class Architecture:
     """How one mlx-lm architecture computes: which sub-computations exist and their options."""
 
     mlx_module: str  # mlx_lm.models.<module>
+    activation: str = "swiglu"  # the dense MLP's catalog kernel
+    nn_norms: bool = True  # mlx's nn.RMSNorm, and the residual add + post-attention norm of llama's block
     qk_norm: bool = False  # RMSNorm over head_dim on queries and keys (Qwen3)
     moe: bool = False
     experts_field: str = "num_experts"
@@ -48,6 +50,8 @@ ARCHITECTURES: dict[str, Architecture] = {
                               expert_size_field="moe_intermediate_size"),
     "mixtral": Architecture("mixtral", moe=True, experts_field="num_local_experts",
                             expert_size_field="intermediate_size"),
+    # Gemma 3: GeGLU (tanh GELU); its RMSNorm scales by 1 + weight (its own class), so norms keep their code
+    "gemma3_text": Architecture("gemma3_text", activation="geglu", nn_norms=False),
 }
 
 # fields every mapped architecture needs, and the names other model families use for them (named in
@@ -160,8 +164,11 @@ def derive(config: dict[str, Any], decode: Sequence[int] = DEFAULT_DECODE,
             sites[kernel].append(site)
 
     rows = [*decode, *prefill]
-    add("rmsnorm", "input_layernorm, final norm", [(t, hidden) for t in rows])
-    add("add_rmsnorm", "residual add + post_attention_layernorm", [(t, hidden) for t in rows])
+    if arch.nn_norms:
+        add("rmsnorm", "input_layernorm, final norm", [(t, hidden) for t in rows])
+        add("add_rmsnorm", "residual add + post_attention_layernorm", [(t, hidden) for t in rows])
+    else:
+        notes.append(f"{model_type}'s RMSNorm (weight + 1, its own module) is not routed: norms left out")
     if arch.qk_norm:
         add("rmsnorm", "q_norm, k_norm (per head)",
             [(t * h, head_dim) for t in rows for h in (heads, kv_heads)])
@@ -169,7 +176,7 @@ def derive(config: dict[str, Any], decode: Sequence[int] = DEFAULT_DECODE,
     sparse_step = config.get("decoder_sparse_step", 1)
     dense_mlp = not arch.moe or bool(config.get("mlp_only_layers")) or sparse_step != 1
     if dense_mlp:
-        add("swiglu", "MLP activation", [(t, inter) for t in rows])
+        add(arch.activation, "MLP activation", [(t, inter) for t in rows])
     if arch.moe:
         add("swiglu", "expert activation (tokens x experts per token)",
             [(t * topk, expert_size) for t in rows])

@@ -36,6 +36,10 @@ QWEN3_MOE = {"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 
              "num_experts_per_tok": 4, "decoder_sparse_step": 1, "mlp_only_layers": [1],
              "moe_intermediate_size": 32, "rms_norm_eps": 1e-6, "vocab_size": 101, "rope_theta": 1e6,
              "tie_word_embeddings": False, "max_position_embeddings": 512, "norm_topk_prob": True}
+GEMMA3 = {"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 96,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 101,
+          "query_pre_attn_scalar": 32, "sliding_window": 512, "sliding_window_pattern": 2,
+          "rope_scaling": None}
 MIXTRAL = {"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 48,
            "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 8,
            "num_experts_per_tok": 2, "rms_norm_eps": 1e-5, "vocab_size": 101}
@@ -81,7 +85,8 @@ def seen(report: Any) -> set[tuple]:
     (LLAMA, {"residual add + rmsnorm": 2, "rmsnorm": 3, "rope": 2, "swiglu": 2}),
     (QWEN3_MOE, {"residual add + rmsnorm": 2, "rmsnorm": 3 + 4, "rope": 2, "swiglu": 1,
                  "swiglu (experts)": 1, "moe router + combine": 1}),
-], ids=["llama", "qwen3_moe"])
+    (GEMMA3, {"geglu": 2, "rope": 2}),  # a sliding-window layer (local RoPE base) and a global one
+], ids=["llama", "qwen3_moe", "gemma3"])
 def test_patch_routes_the_planned_calls_and_keeps_the_logits(config: dict[str, Any],
                                                              kinds: dict[str, int]) -> None:
     model = build(config)

@@ -1,5 +1,5 @@
 """A model's config.json -> the catalog kernel calls it makes, on the committed configs of public
-architectures (tests/data/models: Llama-3-8B, Qwen3-30B-A3B, Mistral-7B-v0.1; GPT-2 as an architecture
+architectures (tests/data/models: Llama-3-8B, Qwen3-30B-A3B, Mistral-7B-v0.1, Gemma-3-1B; GPT-2 as one
 that is not mapped). Expected shapes are computed from each config's own fields."""
 
 from __future__ import annotations
@@ -70,6 +70,17 @@ def test_qwen3_moe() -> None:
     assert plan.kernel_shapes["moe_combine"] == [fmt(t, k, d) for t in ROWS]
     assert plan.job_count == sum(len(v) for v in plan.kernel_shapes.values()) * 2
     assert any("k=8" in n for n in plan.notes)  # topk is tuned at its default k: said, not hidden
+
+
+def test_gemma3_geglu_and_rope() -> None:
+    c = load_config(MODELS / "gemma-3-1b.json")
+    plan = derive(c)
+    h, kv = c["num_attention_heads"], c["num_key_value_heads"]
+    hd, inter = c["head_dim"], c["intermediate_size"]
+    assert (h, kv, hd, inter) == (4, 1, 256, 6912)
+    assert plan.kernel_shapes == {"rope": unique(rope_shapes(h, kv, hd)),
+                                  "geglu": [fmt(t, inter) for t in ROWS]}
+    assert any("RMSNorm (weight + 1" in n for n in plan.notes)
 
 
 def test_token_counts_are_configurable() -> None:

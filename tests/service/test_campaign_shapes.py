@@ -110,8 +110,8 @@ def test_admin_cli_from_model(coordinator: Coordinator) -> None:
 
 REFUSED = [
     (("--from-model", str(MODELS / "gpt2.json")),
-     "architecture 'gpt2' is not mapped onto catalog kernels (mapped: llama, mistral, mixtral, qwen2, qwen3, "
-     "qwen3_moe); fields that could not be mapped: n_embd, n_head, n_layer"),
+     "architecture 'gpt2' is not mapped onto catalog kernels (mapped: gemma3_text, llama, mistral, mixtral, "
+     "qwen2, qwen3, qwen3_moe); fields that could not be mapped: n_embd, n_head, n_layer"),
     (("--from-model", "/nonexistent/config.json"), "no such file"),
     (("--from-model", str(MODELS / "llama-3-8b.json"), "--kernel", "rmsnorm"), "drop --kernel"),
     (("--from-model", str(MODELS / "llama-3-8b.json"), "--prefill", "0"), "token counts must be positive"),
