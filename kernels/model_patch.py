@@ -6,14 +6,15 @@ Walks the model as ``zmlx.patch`` does and matches the patterns of
 dimension (e.g. rmsnorm ``rows x 4096`` in bfloat16, any token count):
 
 - some tuned shape runs a custom config (measured, or predicted at or above ``min_confidence``):
-  the module is patched; each call then runs the profile's config for that exact shape, and the
-  catalog's built-in for shapes the profile does not hold or holds as built-in;
+  the module is patched. A call whose exact shape has a custom config for one of its kernels runs
+  the kernels (the profile's configs, the catalog's built-in for a kernel without one); any other
+  call runs the module's own code (:func:`kernelfleet.kernels.model_patterns.wrap`);
 - every tuned shape is the built-in ("the built-in wins"), or none is tuned and no prediction is
   confident: the module is kept as it was.
 
 A patched module keeps its parameters; only its class (or, for mlx-lm's shared ``SwiGLU`` activation,
 one attribute of its ``SwitchGLU``) changes, and :func:`unpatch` restores it. On a backend without
-custom kernels (CPU) patched modules run the catalog's built-ins.
+custom kernels (CPU) the kernel path runs the catalog's built-ins.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class PatchReport:
         head = (f"kernelfleet.patch: {len(self.patched)} modules patched, {len(self.kept)} kept "
                 f"(profile: {self.profile}; backend: {self.backend})")
         if self.backend == "cpu":
-            head += "\n  (no custom kernels on CPU: patched modules run the catalog's built-ins)"
+            head += "\n  (no custom kernels on CPU: where the profile picks one, the catalog's built-in runs)"
         return "\n".join([head, *("  " + line for line in self.summary())])
 
 
