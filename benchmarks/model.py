@@ -25,10 +25,12 @@ and LM head weigh more with fewer layers), in bfloat16 and 4-bit (``nn.quantize`
 
 ``tune`` derives every kernel call of the models (``kernelfleet.kernels.model_shapes``, the plan of
 ``kernelfleet admin campaign create --from-model``) and tunes each on this GPU with the worker's
-tuner (successive halving, ``--budget`` seconds a shape), writing a KernelFleet profile file after
-each shape. It stops starting shapes after ``--max-seconds`` (default 540: one 10-minute command);
-run it again to resume (shapes already in ``--out`` are skipped) until it reports 0 to tune. A
-profile pulled from a coordinator (``kernelfleet pull``) works as well.
+tuner (successive halving, ``--budget`` seconds a shape, over ``--candidates`` configs besides the
+built-in: a stable sample shared by shapes of one row length, since each config is an NVRTC
+compile of ~1.5 s on CUDA), writing a KernelFleet profile file after each shape. It stops starting
+shapes after ``--max-seconds`` (default 540: one 10-minute command); run it again to resume (shapes
+already in ``--out`` are skipped) until it reports 0 to tune. A profile pulled from a coordinator
+(``kernelfleet pull``) works as well.
 
 Imports only mlx, mlx-lm, numpy and kernelfleet's ``kernels`` (``tune`` also its ``worker`` tuner): runs
 on a bare GPU host (copy ``kernels`` and ``worker`` into a ``kernelfleet`` folder on PYTHONPATH, as
@@ -38,6 +40,7 @@ on a bare GPU host (copy ``kernels`` and ``worker`` into a ``kernelfleet`` folde
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import json
 import statistics
@@ -54,7 +57,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from kernelfleet.kernels import model_patch, profile_file, profile_view, runtime
 from kernelfleet.kernels.catalog import get_spec
 from kernelfleet.kernels.model_shapes import ARCHITECTURES, derive
-from kernelfleet.kernels.spec import BUILTIN, parse_shape
+from kernelfleet.kernels.spec import BUILTIN, config_key, parse_shape
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = [ROOT / "tests/data/models/llama-3-8b.json", ROOT / "tests/data/models/qwen3-30b-a3b.json"]
@@ -102,8 +105,24 @@ def build(config: dict[str, Any], quantized: bool, dtype: str) -> nn.Module:
 
 # ---- tune ----
 
+def sample(kernel: str, shape: str, dtype: str, n: int) -> list[dict[str, Any]] | None:
+    """The built-in, the kernel's default and ``n - 1`` more of this backend's candidates, picked by a
+    stable hash of (kernel, row length, config), so shapes of one row length share their configs and
+    each config compiles once per process (NVRTC: ~1.5 s a kernel). ``n`` 0: every candidate."""
+    if n <= 0:
+        return None
+    from kernelfleet.worker.backends import detect_backend
+
+    spec, dims = get_spec(kernel), parse_shape(shape)
+    cands = [c for c in detect_backend().candidates(spec, dims, dtype) if c != BUILTIN]
+    default = spec.default_config(dims, dtype)
+    rank = sorted(cands, key=lambda c: hashlib.sha1(f"{kernel}|{dims[-1]}|{config_key(c)}".encode()).digest())
+    picked = [default] + [c for c in rank if c != default][: n - 1]
+    return [dict(BUILTIN)] + picked
+
+
 def tune(args: argparse.Namespace) -> None:
-    from kernelfleet.worker.tuner import tune as tune_one
+    from kernelfleet.worker.tuner import tune_spec
 
     out = Path(args.out)
     body = json.loads(out.read_text()) if out.exists() else {
@@ -111,7 +130,7 @@ def tune(args: argparse.Namespace) -> None:
         "version": 1, "entries": []}
     have = {(e["kernel"], e["shape"], e["dtype"]) for e in body["entries"]}
     keys = list(dict.fromkeys(k for c in configs(args) for k in plan_keys(c, args)))
-    todo = [k for k in keys if k not in have]
+    todo = sorted((k for k in keys if k not in have), key=lambda k: (k[0], parse_shape(k[1])[-1]))
     print(f"{len(keys)} kernel calls planned, {len(todo)} to tune (budget {args.budget} s each)", flush=True)
     stop = time.monotonic() + args.max_seconds
     for i, (kernel, shape, dtype) in enumerate(todo, 1):
@@ -120,7 +139,8 @@ def tune(args: argparse.Namespace) -> None:
             return
         t0 = time.perf_counter()
         try:
-            report = tune_one(kernel, shape, dtype, budget=args.budget)
+            report = tune_spec(get_spec(kernel), shape, dtype, budget=args.budget,
+                               configs=sample(kernel, shape, dtype, args.candidates)).report
         except Exception as e:  # one shape's failure (all candidates failed, ...) is reported, not fatal
             print(f"[{i}/{len(todo)}] {kernel} {shape} {dtype}: not tuned: {e}", flush=True)
             continue
@@ -316,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", help="a KernelFleet profile file (kernelfleet pull, or `tune`); "
                    "--tiny without one: every planned call at its kernel's default config")
     p.add_argument("--budget", type=float, default=6.0, help="tune: seconds of search per shape")
+    p.add_argument("--candidates", type=int, default=12,
+                   help="tune: configs tried per shape besides the built-in (0: every candidate)")
     p.add_argument("--max-seconds", type=float, default=540.0,
                    help="tune: stop starting new shapes after this long (run again to resume)")
     p.add_argument("--out", help="run: also write the report here; tune: the profile file (required)")
