@@ -12,7 +12,7 @@ from kernelfleet.service.db import make_engine
 from kernelfleet.service.migrate import alembic_config, current_revision, head_revision, upgrade
 from kernelfleet.service.models import Base
 
-HEAD = "0004_campaign_shapes"
+HEAD = "0005_campaign_shapes"
 
 
 def test_models_and_migrations_agree(migrated_db_url: str) -> None:
@@ -41,11 +41,11 @@ def test_downgrade_and_upgrade_round_trip(migrated_db_url: str) -> None:
         engine.dispose()
 
 
-def test_0004_gives_older_campaigns_their_shape_sets(db_url: str) -> None:
+def test_0005_gives_older_campaigns_their_shape_sets(db_url: str) -> None:
     """A campaign stored before per-kernel shape sets (kernels x shapes) gets ``kernel_shapes`` giving
     each kernel every shape; downgrade removes it and keeps the rest."""
     cfg = alembic_config(db_url)
-    command.upgrade(cfg, "0003")
+    command.upgrade(cfg, "0004_revisions_webhooks")
     engine = make_engine(db_url)
     old = {"kernels": ["rmsnorm", "softmax"], "shapes": ["1x4096", "512x4096"], "dtypes": ["float16"]}
     campaigns = sa.table("campaigns", sa.column("id", sa.Integer), sa.column("name", sa.String),
@@ -58,7 +58,7 @@ def test_0004_gives_older_campaigns_their_shape_sets(db_url: str) -> None:
             spec = conn.execute(sa.select(campaigns.c.spec)).scalar_one()
         assert spec == {**old, "kernel_shapes": {"rmsnorm": ["1x4096", "512x4096"],
                                                  "softmax": ["1x4096", "512x4096"]}}
-        command.downgrade(cfg, "0003")
+        command.downgrade(cfg, "0004_revisions_webhooks")
         with engine.connect() as conn:
             assert conn.execute(sa.select(campaigns.c.spec)).scalar_one() == old
     finally:

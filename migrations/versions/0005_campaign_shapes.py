@@ -8,8 +8,8 @@ Data steps: every existing campaign was kernels x shapes, so its ``kernel_shapes
 kernels all of its shapes. Downgrade removes ``kernel_shapes``; ``kernels``, ``shapes`` (every shape
 of the campaign) and ``dtypes`` stay, and the jobs themselves are untouched.
 
-Revision ID: 0004_campaign_shapes
-Revises: 0003
+Revision ID: 0005_campaign_shapes
+Revises: 0004_revisions_webhooks
 Create Date: 2026-11-26 16:00:00
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0004_campaign_shapes"
-down_revision: str | None = "0003"
+revision: str = "0005_campaign_shapes"
+down_revision: str | None = "0004_revisions_webhooks"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
