@@ -73,6 +73,12 @@ bench-profiles: $(STAMP) ## Profile build and result insert at 1k, 10k, 100k sto
 bench-calibration: $(STAMP) ## Prediction confidence vs the observed within-5 % rate, held out, on the GPU reports
 	$(BIN)/python benchmarks/calibration.py
 
+.PHONY: bench-model
+MODEL_PROFILE ?= benchmarks/results/model_profile.json
+bench-model: $(STAMP) ## Llama-3-8B / Qwen3-30B-A3B shapes, bf16 + 4-bit: tokens/s stock vs kernelfleet.patch (GPU; TUNE=1 tunes MODEL_PROFILE first)
+	$(if $(TUNE),$(BIN)/python benchmarks/model.py tune --out $(MODEL_PROFILE))
+	$(BIN)/python benchmarks/model.py run --profile $(MODEL_PROFILE)
+
 BENCH_VENV := .venv-bench
 $(BENCH_VENV)/.installed-stamp: pyproject.toml
 	$(PYTHON) -m venv $(BENCH_VENV)

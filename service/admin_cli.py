@@ -4,12 +4,14 @@ deliveries, over the HTTP API. Every ``list`` command takes ``--json`` (the API'
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from kernelfleet.service import campaign_plan
 from kernelfleet.service.client import DEFAULT_COORDINATOR, AdminClient, ClientError, resolve_admin_token
 
 out = Console()
@@ -101,10 +103,25 @@ def _progress_cells(p: dict[str, int]) -> list[str]:
 
 @campaign_app.command("create")
 def campaign_create(
-    name: Annotated[str, typer.Option("--name", help="A name for the campaign")],
-    kernel: Annotated[list[str], typer.Option("--kernel", help="Kernel name; repeat for several")],
-    shape: Annotated[list[str], typer.Option("--shape", help="Shape like 4096x4096; repeat for several")],
-    dtype: Annotated[list[str], typer.Option("--dtype", help="float32, float16 or bfloat16; repeat")],
+    name: Annotated[str | None, typer.Option("--name", help="A name for the campaign (default with "
+                                             "--from-model: the model's type and folder)")] = None,
+    kernel: Annotated[list[str] | None, typer.Option(
+        "--kernel", help="Kernel name; repeat for several")] = None,
+    shape: Annotated[list[str] | None, typer.Option(
+        "--shape", help="Shape like 4096x4096, for every --kernel; repeat for several")] = None,
+    kernel_shape: Annotated[list[str] | None, typer.Option(
+        "--kernel-shape", help="KERNEL=SHAPE, one kernel's own shape (e.g. rope=32x1x128); repeat")] = None,
+    from_model: Annotated[Path | None, typer.Option(
+        "--from-model", help="A model's config.json (mlx-lm / Hugging Face): every catalog kernel call "
+        "it makes, at the --decode and --prefill token counts")] = None,
+    decode: Annotated[list[int] | None, typer.Option(
+        "--decode", help="With --from-model: decode batch sizes (default 1, 8, 32); repeat")] = None,
+    prefill: Annotated[list[int] | None, typer.Option(
+        "--prefill", help="With --from-model: prefill lengths (default 512, 2048); repeat")] = None,
+    dtype: Annotated[list[str] | None, typer.Option(
+        "--dtype", help="float32, float16 or bfloat16; repeat (default with --from-model: the model's)",
+    )] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; queue nothing")] = False,
     backend: Annotated[str | None, typer.Option("--backend", help="Only metal, cuda or cpu workers")] = None,
     chip: Annotated[str | None, typer.Option("--chip", help="Only chips matching this glob, "
                                              "e.g. 'Apple M3*'")] = None,
@@ -112,14 +129,21 @@ def campaign_create(
                                                      help="Attempts before a job is dead")] = None,
     coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None,
 ) -> None:
-    """Create a campaign: one job per kernel x shape x dtype."""
-    body: dict[str, Any] = {"name": name, "kernels": kernel, "shapes": shape, "dtypes": dtype}
+    """Create a campaign: one job per kernel x shape x dtype (each kernel with its own shapes with
+    --kernel-shape or --from-model). Prints the plan before it queues anything."""
+    sets, dtypes, name = campaign_plan.shape_sets(
+        kernel=kernel or [], shape=shape or [], kernel_shape=kernel_shape or [], from_model=from_model,
+        decode=decode, prefill=prefill, dtype=dtype or [], name=name, out=out, err=err)
+    body: dict[str, Any] = {"name": name, "kernel_shapes": sets, "dtypes": dtypes}
     if backend is not None:
         body["target_backend"] = backend
     if chip is not None:
         body["target_chip"] = chip
     if max_attempts is not None:
         body["max_attempts"] = max_attempts
+    if dry_run:
+        out.print("dry run: nothing queued", highlight=False)
+        return
     c = _call(coordinator, admin_token, "POST", "/campaigns", json=body)
     target = " ".join(x for x in (c["target_backend"], c["target_chip"]) if x) or "any worker"
     out.print(f"campaign {c['id']} ({c['name']}): {c['progress']['total']} jobs queued for {target}",

@@ -1,11 +1,15 @@
-"""Campaigns: kernels x shapes x dtypes, expanded into one job each; progress counts per state; the
-warning at creation when no enrolled worker can run them. Cancel, delete and retry live in
-:mod:`kernelfleet.service.campaign_control`."""
+"""Campaigns: each kernel x its shapes x dtypes, expanded into one job each; progress counts per state;
+the warning at creation when no enrolled worker can run them. Cancel, delete and retry live in
+:mod:`kernelfleet.service.campaign_control`.
+
+A campaign's ``spec`` JSON holds ``kernel_shapes`` (kernel -> its own shapes: a model's calls differ
+per kernel), plus ``kernels``, ``shapes`` (every shape, in order) and ``dtypes``.
+"""
 
 from __future__ import annotations
 
-import itertools
 from collections import defaultdict
+from typing import Any
 
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
@@ -20,10 +24,10 @@ from kernelfleet.service.targets import chip_matches, target_id
 def create_campaign(session: Session, body: CampaignIn, default_max_attempts: int) -> int:
     max_attempts = body.max_attempts or default_max_attempts
     backend = Backend(body.target_backend) if body.target_backend else None
+    kernel_shapes = body.shape_sets()
     with immediate(session):
         campaign = Campaign(name=body.name, target_backend=backend, target_chip=body.target_chip,
-                            max_attempts=max_attempts,
-                            spec={"kernels": body.kernels, "shapes": body.shapes, "dtypes": body.dtypes})
+                            max_attempts=max_attempts, spec=campaign_spec(kernel_shapes, body.dtypes))
         session.add(campaign)
         session.flush()
         target = target_id(session, backend, body.target_chip)
@@ -32,10 +36,17 @@ def create_campaign(session: Session, body: CampaignIn, default_max_attempts: in
              "target_backend": backend, "target_chip": body.target_chip, "target_id": target,
              "state": JobState.queued,
              "attempts": 0, "max_attempts": max_attempts}
-            for k, s, d in itertools.product(body.kernels, body.shapes, body.dtypes)
+            for k, shapes in kernel_shapes.items() for s in shapes for d in body.dtypes
         ])
         campaign_id = campaign.id
     return campaign_id
+
+
+def campaign_spec(kernel_shapes: dict[str, list[str]], dtypes: list[str]) -> dict[str, Any]:
+    """The stored ``spec`` of a campaign (migration 0005 writes the same for older campaigns)."""
+    every = list(dict.fromkeys(s for shapes in kernel_shapes.values() for s in shapes))
+    return {"kernels": list(kernel_shapes), "shapes": every, "dtypes": list(dtypes),
+            "kernel_shapes": {k: list(v) for k, v in kernel_shapes.items()}}
 
 
 def _progress(session: Session, ids: list[int]) -> dict[int, Progress]:
@@ -75,6 +86,7 @@ def target_warnings(session: Session, backend: Backend | None, chip: str | None,
 def _out(c: Campaign, progress: Progress) -> CampaignOut:
     return CampaignOut(id=c.id, name=c.name, kernels=list(c.spec.get("kernels", [])),
                        shapes=list(c.spec.get("shapes", [])), dtypes=list(c.spec.get("dtypes", [])),
+                       kernel_shapes=dict(c.spec.get("kernel_shapes", {})),
                        target_backend=c.target_backend.value if c.target_backend else None,
                        target_chip=c.target_chip, max_attempts=c.max_attempts, created_at=c.created_at,
                        progress=progress, cancelled_at=c.cancelled_at)
