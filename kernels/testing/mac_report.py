@@ -34,7 +34,7 @@ def run(kernels: list[str]) -> str:
     info = mx.metal.device_info() if backend.available() else {}
     lines = ["# KernelFleet on Metal: first-run report", "",
              f"- chip: {info.get('device_name', '?')}; macOS {platform.mac_ver()[0] or '?'}; "
-             f"MLX {mx.__version__}; python {platform.python_version()}"]
+             f"MLX {getattr(mx, '__version__', '?')}; python {platform.python_version()}"]
     if not backend.available():
         return "\n".join([*lines, "- MLX's Metal backend is not available here: run this on an Apple Mac."])
     totals: Counter[str] = Counter()
