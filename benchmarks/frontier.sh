@@ -14,7 +14,7 @@
 # TABLE_S (default 400) bounds the table step.
 set -u
 OUT="${OUT:-benchmarks/results/new}"; mkdir -p "$OUT"
-mkdir -p /tmp/kf/kernelfleet && cp -r kernels worker /tmp/kf/kernelfleet/
+mkdir -p /tmp/kf/kernelfleet && cp -r kernels worker kernelfleet/__init__.py /tmp/kf/kernelfleet/
 export PYTHONPATH="/tmp/kf${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 MLX_ENABLE_CACHE_THRASHING_CHECK=0
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,driver_version --format=csv,noheader >> "$OUT/gpu.txt"
 case "${STEP:-table}" in
@@ -35,7 +35,8 @@ case "${STEP:-table}" in
         python3 benchmarks/peers.py --profile "$item" >> "$OUT/ncu.txt" 2>&1
     done ;;
   catalog)  # the CUDA catalog test: every config of every kernel's space at its test shapes
-    timeout "${CATALOG_S:-480}" python3 -m pytest --noconftest -p no:cacheprovider -q -m cuda -n 16 \
+    # -P: the checkout's own kernelfleet/ (no kernels/ under it) must not shadow /tmp/kf's
+    timeout "${CATALOG_S:-480}" python3 -P -m pytest --noconftest -p no:cacheprovider -q -m cuda -n 16 \
       -o timeout=470 tests/kernels/test_catalog.py > "$OUT/catalog_cuda.txt" 2>&1
     tail -5 "$OUT/catalog_cuda.txt" ;;
   search)  # many files: they come back as one archive beside the merged report

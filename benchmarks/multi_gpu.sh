@@ -18,7 +18,7 @@ TAG="${TAG:-gpu}"
 GPUS="${GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}"
 GPUS="${GPUS:-1}"; [ "$GPUS" -ge 1 ] || GPUS=1
 BUDGET_S="${BUDGET_S:-480}"
-mkdir -p /tmp/kf/kernelfleet && cp -r kernels worker /tmp/kf/kernelfleet/
+mkdir -p /tmp/kf/kernelfleet && cp -r kernels worker kernelfleet/__init__.py /tmp/kf/kernelfleet/
 export PYTHONPATH="/tmp/kf${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 MLX_ENABLE_CACHE_THRASHING_CHECK=0
 deadline=$(( $(date +%s) + BUDGET_S ))
 python3 benchmarks/session.py --plan "$GPUS" ${KERNELS:+--kernels "$KERNELS"} ${PRIMARY_ONLY:+--primary-only} \
