@@ -397,9 +397,10 @@ def _insert_regressions(filled: Filled) -> None:
         engine.dispose()
 
 
-def filled_coordinator(backend: str, workdir: Path, **env: str) -> Iterator[Filled]:
+def filled_coordinator(backend: str, workdir: Path, *, empty: bool = False, **env: str) -> Iterator[Filled]:
     """A migrated database (SQLite file or a fresh PostgreSQL database), a running coordinator on it,
-    filled through the API. Same pattern as the ``coordinator`` fixture, for a module scope."""
+    filled through the API (left empty with ``empty=True``). Same pattern as the ``coordinator``
+    fixture, for a module scope."""
     pg_name = None
     if backend == "sqlite":
         url = f"sqlite:///{workdir / 'kernelfleet.db'}"
@@ -418,7 +419,7 @@ def filled_coordinator(backend: str, workdir: Path, **env: str) -> Iterator[Fill
         )
         c.start()
         try:
-            yield fill(c)
+            yield Filled(c) if empty else fill(c)
         finally:
             c.stop()
     finally:
