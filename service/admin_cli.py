@@ -68,7 +68,7 @@ def workers_list(coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: Ad
         mem = f"{w['memory_bytes'] / 2**30:.0f} GiB" if w["memory_bytes"] else "-"
         table.add_row(str(w["id"]), w["name"], w["chip"], w["backend"], str(w["gpu_cores"] or "-"), mem,
                       w["mlx_version"] or "-", w["os"] or "-", _when(w["last_heartbeat_at"]),
-                      "revoked" if w["revoked_at"] else "active")
+                      w.get("status") or ("revoked" if w["revoked_at"] else "-"))
     out.print(table)
 
 

@@ -1,6 +1,7 @@
 """Every dashboard page at 390 px (a phone) and 1280 px, on an empty coordinator and a filled one,
 in headless Chromium: the page body never scrolls sideways, every nav link is visible on the dark
-header and clickable, no chart sticks out of the viewport, and no HTML shows as text.
+header and clickable, no chart sticks out of the viewport, and no HTML shows as text. Then the
+fleet page's counts against the pages they link to and what was posted.
 
 One browser and two coordinators (SQLite) for the module; the pages are visited in a loop, so the
 whole module costs one fill (tests/web/filled.py) and ~60 page loads."""
@@ -14,7 +15,7 @@ from urllib.parse import quote
 
 import pytest
 from browser import launch, open_page, shoot
-from filled import Filled, filled_coordinator
+from filled import Filled, filled_coordinator, make_report
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -29,7 +30,7 @@ def filled_pages(site: Filled) -> list[str]:
     campaign = next(iter(site.campaigns.values()))
     regression = next(iter(site.regressions.values()))
     return [
-        "/", "/?status=revoked", "/chips", f"/chips/{M3}", f"/chips/{M3}?mlx=9.9&kernel=rmsnorm",
+        "/", "/?status=revoked", "/chips", f"/chips/{M3}",
         "/kernels", "/kernels/rmsnorm", "/kernels/softmax?dtype=float32",
         f"/compare?a={M3}&b={quote('Apple M2')}", f"/compare?chip={M3}&mlx_a=0.32.3&mlx_b=0.32.4",
         "/compare", "/regressions", "/regressions?status=all", "/regressions?status=dismissed",
@@ -118,7 +119,7 @@ def test_filled_coordinator_pages_fit_phone_and_desktop(
     browser: Any, filled_site: Filled, tmp_path: Path
 ) -> None:
     check_pages(browser, filled_site.url, filled_pages(filled_site), tmp_path)
-    check_pages(browser, filled_site.url, [f"/chips/{M3}?dtype=fp16"], tmp_path, ok_status=404)
+    check_pages(browser, filled_site.url, [f"/chips/{M3}?dtype=fp16", f"/chips/{M3}?mlx=9.9&kernel=rmsnorm"], tmp_path, ok_status=404)
 
 
 def test_nav_works_at_390_px(browser: Any, filled_site: Filled) -> None:
@@ -131,3 +132,30 @@ def test_nav_works_at_390_px(browser: Any, filled_site: Filled) -> None:
         assert page.inner_text("h1").startswith(label)
     assert opened.errors == []
     page.close()
+
+
+def test_fleet_counts_agree_with_the_pages_they_link_to(browser: Any, filled_site: Filled) -> None:
+    """Runs last in the module: it imports one more report."""
+    report = make_report("Apple M2", "rmsnorm", "32x4096", "float16", "0.32.4", 99)
+    with filled_site.coordinator.admin() as admin:
+        r = admin.post("/results/import", json={"reports": [report]})
+        assert r.status_code == 201, r.text
+    fleet = open_page(browser, filled_site.url + "/?days=3")
+    today = int(fleet.page.inner_text("#results-today b"))
+    assert today == len(filled_site.posted) + 1  # every posted report and the import, all today
+    traces = fleet.charts()["results-per-day"]
+    assert "imported (no worker)" in [t["name"] for t in traces]
+    assert sum(t["y"][-1] for t in traces) == today  # the last bar is the tile
+    assert "Results (3 d)" in fleet.page.inner_text("table#workers thead")
+    tile = fleet.page.inner_text("#active-regressions")
+    fleet.page.close()
+
+    regressions = open_page(browser, filled_site.url + "/regressions")
+    tabs = dict(
+        (a.split()[0], int(a.split()[1]))
+        for a in regressions.page.eval_on_selector_all("#status-tabs a", "as => as.map(a => a.innerText)")
+    )
+    regressions.page.close()
+    assert tile.split()[0] == str(tabs["active"])
+    assert f"{tabs['open']} open, {tabs['confirming']} confirming" in tile
+    assert tabs["open"] >= 2  # the two the fixture inserted open (tests/web/filled.py)
