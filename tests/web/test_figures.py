@@ -77,3 +77,31 @@ def test_golden_drift_compares_only_runs_with_the_same_seed() -> None:
     other_seed = compare_golden(a, dict(b, seed=7), bound)
     assert not other_seed.comparable and "seed" in other_seed.reason
     assert compare_golden(a, {k: v for k, v in b.items() if k != "seed"}, bound).beyond  # old rows: seed 0
+
+
+def test_single_run_series_gets_a_readable_date_range() -> None:
+    """One run (or several within a minute) would otherwise get ticks like 10:29:47.9995."""
+    fig = json.loads(F.series_figure(POINTS[:1]))
+    lo, hi = (datetime.fromisoformat(x) for x in fig["layout"]["xaxis"]["range"])
+    assert hi - lo == timedelta(hours=24)
+    assert "range" not in json.loads(F.series_figure(POINTS))["layout"]["xaxis"]  # 2 h apart: plotly's own
+
+
+def test_times_of_10_ms_and_more_are_drawn_in_ms() -> None:
+    slow = [F.RunPoint(1, T0, "float32", 120_000.0, 118_000.0, 125_000.0, "0.32.4", "tg=256")]
+    fig = json.loads(F.series_figure(slow, hlines=[(100_000.0, "baseline")]))
+    assert fig["layout"]["yaxis"]["title"]["text"] == "best time (ms)"
+    line = next(t for t in fig["data"] if t["name"] == "float32")
+    assert line["y"] == [120.0]
+    assert fig["layout"]["shapes"][0]["y0"] == 100.0
+    fast = json.loads(F.series_figure(POINTS))
+    assert fast["layout"]["yaxis"]["title"]["text"] == "best time (µs)"
+    boxes = json.loads(F.samples_figure([("tg=256", [20_000.0, 21_000.0])]))
+    assert boxes["data"][0]["x"] == [20.0, 21.0] and "(ms)" in boxes["layout"]["xaxis"]["title"]["text"]
+
+
+def test_box_plot_configs_are_rows_not_crowded_columns() -> None:
+    keys = [f"rows={r},tg={t},vec=4" for r in (1, 2, 4) for t in (128, 256, 512)]
+    fig = json.loads(F.samples_figure([(k, [1.0, 1.1]) for k in keys]))
+    assert all(t["orientation"] == "h" and t["name"] == k for t, k in zip(fig["data"], keys, strict=True))
+    assert fig["layout"]["height"] >= 30 * len(keys)  # one row of at least 30 px per config

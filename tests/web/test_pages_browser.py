@@ -119,7 +119,8 @@ def test_filled_coordinator_pages_fit_phone_and_desktop(
     browser: Any, filled_site: Filled, tmp_path: Path
 ) -> None:
     check_pages(browser, filled_site.url, filled_pages(filled_site), tmp_path)
-    check_pages(browser, filled_site.url, [f"/chips/{M3}?dtype=fp16", f"/chips/{M3}?mlx=9.9&kernel=rmsnorm"], tmp_path, ok_status=404)
+    no_data = [f"/chips/{M3}?dtype=fp16", f"/chips/{M3}?mlx=9.9&kernel=rmsnorm"]
+    check_pages(browser, filled_site.url, no_data, tmp_path, ok_status=404)
 
 
 def test_nav_works_at_390_px(browser: Any, filled_site: Filled) -> None:
@@ -135,11 +136,12 @@ def test_nav_works_at_390_px(browser: Any, filled_site: Filled) -> None:
 
 
 def test_fleet_counts_agree_with_the_pages_they_link_to(browser: Any, filled_site: Filled) -> None:
-    """Runs last in the module: it imports one more report."""
-    report = make_report("Apple M2", "rmsnorm", "32x4096", "float16", "0.32.4", 99)
+    """Runs last in the module: it imports one more report (on a newer MLX, for the compare check)."""
+    report = make_report("Apple M2", "rmsnorm", "32x4096", "float16", "0.32.5", 99)
     with filled_site.coordinator.admin() as admin:
         r = admin.post("/results/import", json={"reports": [report]})
         assert r.status_code == 201, r.text
+    filled_site.coordinator.settle()  # the detector's reaction to it, before counting regressions
     fleet = open_page(browser, filled_site.url + "/?days=3")
     today = int(fleet.page.inner_text("#results-today b"))
     assert today == len(filled_site.posted) + 1  # every posted report and the import, all today
@@ -159,3 +161,16 @@ def test_fleet_counts_agree_with_the_pages_they_link_to(browser: Any, filled_sit
     assert tile.split()[0] == str(tabs["active"])
     assert f"{tabs['open']} open, {tabs['confirming']} confirming" in tile
     assert tabs["open"] >= 2  # the two the fixture inserted open (tests/web/filled.py)
+
+
+def test_compare_says_when_chips_ran_different_mlx_versions(browser: Any, filled_site: Filled) -> None:
+    """After the import above, M2's newest rmsnorm 32x4096 float16 run is on MLX 0.32.5, M3's on 0.32.4."""
+    page = open_page(browser, filled_site.url + f"/compare?a={M3}&b={quote('Apple M2')}")
+    note = page.page.inner_text("#mixed-mlx")
+    assert note.startswith("1 of ") and "0.32.5" in note, note
+    page.page.click("#mixed-mlx a:text-is('Compare on MLX 0.32.4 only')")
+    page.page.wait_for_load_state("load")
+    assert "mlx=0.32.4" in page.page.url
+    assert page.page.query_selector("#mixed-mlx") is None
+    assert page.page.eval_on_selector("select[name=mlx]", "s => s.value") == "0.32.4"
+    page.page.close()
