@@ -123,6 +123,27 @@ def test_filled_coordinator_pages_fit_phone_and_desktop(
     check_pages(browser, filled_site.url, no_data, tmp_path, ok_status=404)
 
 
+def test_run_page_explains_the_search_space(browser: Any, filled_site: Filled) -> None:
+    from kernelfleet.kernels.catalog import get_spec
+    from kernelfleet.kernels.spec import parse_shape
+
+    posted = next(p for p in reversed(filled_site.posted)
+                  if (p.chip, p.kernel, p.shape) == ("Apple M3 Max", "rmsnorm", "4096x4096"))
+    page = open_page(browser, f"{filled_site.url}/runs/{posted.result_id}", width=390)
+    charts = page.charts()
+    ok = [t for t in posted.report["trials"] if t["status"] == "ok"]
+    for param in ("tg", "vec"):
+        configs = next(t for t in charts[f"param {param}"] if t["name"] == "configs")
+        assert sorted(configs["text"]) == sorted(t["config_key"] for t in ok if not t["is_builtin"])
+    bars = charts["bandwidth"][0]
+    nbytes = get_spec("rmsnorm").bytes_moved(parse_shape("4096x4096"), posted.dtype)
+    expected = {t["config_key"]: nbytes / (t["median_us"] * 1e-6) / 1e9 for t in ok}
+    assert dict(zip(bars["y"], bars["x"], strict=True)) == pytest.approx(expected)
+    assert "against Apple M3 Max's 400 GB/s" in page.page.inner_text("#bandwidth h3")
+    assert page.errors == []
+    page.page.close()
+
+
 def test_nav_works_at_390_px(browser: Any, filled_site: Filled) -> None:
     """Tapping each nav link on a phone-sized page opens that page."""
     opened = open_page(browser, filled_site.url + "/", width=390)
