@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kernelfleet.service.client import DEFAULT_COORDINATOR, AdminClient, ClientError, resolve_admin_token
+from kernelfleet.worker.plural import plural
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
@@ -61,7 +62,7 @@ def enroll_token(
 def workers_list(coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None) -> None:
     """Every enrolled worker, with its chip, backend and last heartbeat."""
     rows = _call(coordinator, admin_token, "GET", "/workers")
-    table = Table(title=f"{len(rows)} workers")
+    table = Table(title=plural(len(rows), "worker"))
     for col in ("id", "name", "chip", "backend", "cores", "memory", "mlx", "os", "last heartbeat", "status"):
         table.add_column(col)
     for w in rows:
@@ -107,15 +108,15 @@ def campaign_create(
         body["max_attempts"] = max_attempts
     c = _call(coordinator, admin_token, "POST", "/campaigns", json=body)
     target = " ".join(x for x in (c["target_backend"], c["target_chip"]) if x) or "any worker"
-    out.print(f"campaign {c['id']} ({c['name']}): {c['progress']['total']} jobs queued for {target}",
-              highlight=False)
+    jobs = plural(c["progress"]["total"], "job")
+    out.print(f"campaign {c['id']} ({c['name']}): {jobs} queued for {target}", highlight=False)
 
 
 @campaign_app.command("list")
 def campaign_list(coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None) -> None:
     """Campaigns with their progress."""
     rows = _call(coordinator, admin_token, "GET", "/campaigns")
-    table = Table(title=f"{len(rows)} campaigns")
+    table = Table(title=plural(len(rows), "campaign"))
     for col in ("id", "name", "kernels", "shapes", "dtypes", "target",
                 "total", "queued", "leased", "done", "dead"):
         table.add_column(col)
@@ -140,7 +141,7 @@ def jobs_list(
     if state is not None:
         params["state"] = state
     rows = _call(coordinator, admin_token, "GET", "/jobs", params=params)
-    table = Table(title=f"{len(rows)} jobs")
+    table = Table(title=plural(len(rows), "job"))
     for col in ("id", "campaign", "kernel", "shape", "dtype", "state", "attempts", "worker", "lease expires",
                 "last error"):
         table.add_column(col)
