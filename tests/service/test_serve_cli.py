@@ -116,7 +116,7 @@ def test_admin_cli_end_to_end(coordinator: Coordinator) -> None:
                                             "chip": "Apple M4", "backend": "metal"})
         assert w.status_code == 201
     r = run_cli("admin", "workers", "list", *base, env=env)
-    assert r.returncode == 0 and "mac-mini" in r.stdout and "active" in r.stdout
+    assert r.returncode == 0 and "mac-mini" in r.stdout and "online" in r.stdout
     r = run_cli("admin", "workers", "revoke", str(w.json()["worker_id"]), *base, env=env)
     assert r.returncode == 0 and "revoked" in r.stdout
     r = run_cli("admin", "workers", "list", *base, env=env)
