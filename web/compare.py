@@ -142,7 +142,8 @@ def compare(
         )
         dtypes = distinct_values(session, Result.dtype)
         # chips compared on different MLX versions: say so, and offer one version for both
-        mixed = sum(1 for s in summaries for p in s.pairs if p.a.mlx_version != p.b.mlx_version)
+        mixed = sum(1 for s in summaries for p in s.pairs
+                    if p.a.mlx_version != p.b.mlx_version) if mode == "chips" else 0
         pairs = [p for s in summaries for p in s.pairs]
         return page(
             request,

@@ -303,6 +303,9 @@ def fill(c: Coordinator) -> Filled:
         with c.client(filled.workers["gpu-h100-a"]["token"]) as w:
             job = w.post("/leases", json={}).json()
             filled.leased_job = job["job_id"]
+            # confirmed as a real worker does, so it stays leased (an hour: see filled_coordinator)
+            r = w.post(f"/jobs/{job['job_id']}/heartbeat", json={"lease_token": job["lease_token"]})
+            assert r.status_code == 200, r.text
         # a retired machine
         filled.workers["old-m1"] = _enroll(c, "old-m1", "Apple M1", "metal", "macOS 13.6")
         r = admin.post(f"/workers/{filled.workers['old-m1']['id']}/revoke")
@@ -414,6 +417,8 @@ def filled_coordinator(backend: str, workdir: Path, *, empty: bool = False, **en
             capture_output=True,
             text=True,
         )
+        # the one leased job stays leased while a test module reads the pages (minutes on a busy host)
+        env = {"KERNELFLEET_LEASE_SECONDS": "3600", **env}
         c = Coordinator(
             db_url=url, workdir=workdir, admin_token="adm-" + secrets.token_urlsafe(24), env_overrides=env
         )
