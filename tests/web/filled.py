@@ -225,6 +225,21 @@ def _campaign(admin: httpx.Client, **body: Any) -> int:
     return int(r.json()["id"])
 
 
+def one_m2_result(c: Coordinator) -> None:
+    """Enroll an Apple M2 worker and store one rmsnorm 32x4096 float16 run (MLX 0.32.4) through a
+    campaign's lease, as the small page tests need."""
+    w = _enroll(c, "m2", "Apple M2", "metal", "macOS 14.6")
+    with c.admin() as admin:
+        _campaign(admin, name="c", kernels=["rmsnorm"], shapes=["32x4096"], dtypes=["float16"],
+                  target_chip="Apple M2")
+    with c.client(w["token"]) as worker:
+        lease = worker.post("/leases", json={}).json()
+        report = make_report("Apple M2", "rmsnorm", "32x4096", "float16", "0.32.4", 0)
+        r = worker.post(f"/jobs/{lease['job_id']}/result",
+                        json={"lease_token": lease["lease_token"], "report": report})
+        assert r.status_code == 201, r.text
+
+
 def _run_queue(filled: Filled, worker: dict[str, Any], mlx: str, run: int) -> None:
     """Lease until nothing is left for this worker, posting a report for each job."""
     with filled.coordinator.client(worker["token"]) as w:

@@ -8,22 +8,14 @@ import re
 
 import httpx
 from conftest import Coordinator
-from filled import _campaign, _enroll, make_report
+from filled import make_report, one_m2_result
 
 
 def test_results_today_counts_leased_and_imported_results(coordinator: Coordinator) -> None:
-    w = _enroll(coordinator, "m2", "Apple M2", "metal", "macOS 14.6")
+    one_m2_result(coordinator)
+    imported = make_report("Apple M2", "softmax", "32x4096", "float16", "0.32.4", 1)
     with coordinator.admin() as admin:
-        _campaign(admin, name="c", kernels=["rmsnorm"], shapes=["32x4096"], dtypes=["float16"],
-                  target_chip="Apple M2")
-        imported = make_report("Apple M2", "softmax", "32x4096", "float16", "0.32.4", 1)
         assert admin.post("/results/import", json={"reports": [imported]}).status_code == 201
-    with coordinator.client(w["token"]) as worker:
-        lease = worker.post("/leases", json={}).json()
-        report = make_report("Apple M2", "rmsnorm", "32x4096", "float16", "0.32.4", 0)
-        r = worker.post(f"/jobs/{lease['job_id']}/result",
-                        json={"lease_token": lease["lease_token"], "report": report})
-        assert r.status_code == 201, r.text
     html = httpx.get(coordinator.url + "/?days=2", timeout=30).text
     tile = re.search(r'id="results-today"><b>(\d+)</b><span>([^<]*)', html)
     assert tile and tile.group(1) == "2" and "imports included" in tile.group(2), html[:3000]

@@ -39,18 +39,9 @@ def test_largest_offsets_reach_the_database(coordinator: Coordinator) -> None:
 
 def test_a_chip_filter_without_data_is_a_404_naming_what_has_data(coordinator: Coordinator) -> None:
     """/chips/X?dtype=fp16 was an empty 200 page whose dropdown still said "all"."""
-    from filled import _campaign, _enroll, make_report
+    from filled import one_m2_result
 
-    w = _enroll(coordinator, "m2", "Apple M2", "metal", "macOS 14.6")
-    with coordinator.admin() as admin:
-        _campaign(admin, name="c", kernels=["rmsnorm"], shapes=["32x4096"], dtypes=["float16"],
-                  target_chip="Apple M2")
-    with coordinator.client(w["token"]) as worker:
-        lease = worker.post("/leases", json={}).json()
-        report = make_report("Apple M2", "rmsnorm", "32x4096", "float16", "0.32.4", 0)
-        r = worker.post(f"/jobs/{lease['job_id']}/result",
-                        json={"lease_token": lease["lease_token"], "report": report})
-        assert r.status_code == 201, r.text
+    one_m2_result(coordinator)
     with httpx.Client(base_url=coordinator.url, timeout=30.0) as http:
         for query, says in [("dtype=fp16", "with dtype fp16"), ("mlx=9.9", "with MLX version 9.9")]:
             r = http.get("/chips/Apple%20M2?" + query)
