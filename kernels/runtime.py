@@ -105,6 +105,29 @@ def dispatch(name: str, inputs: Sequence[mx.array], shape: Shape, dtype_of: int 
         config = choose_config(name, shape, dtype)
     except BadShape:
         return list(mod.builtin(inputs, **params))
+    return _run(name, inputs, shape, dtype, config, backend, params)
+
+
+def run(name: str, inputs: Sequence[mx.array], shape: Shape, config: Config, **params: Any) -> list[mx.array]:
+    """Run kernel ``name`` with ``config`` as chosen by the caller (e.g. from a profile the caller holds:
+    :mod:`kernelfleet.kernels.model_patch`); the built-in where ``config`` is it, on a backend without
+    custom kernels (CPU), or for a dtype the kernel does not take."""
+    mod = _module(name)
+    dtype = dtype_name(inputs[0].dtype) if inputs[0].dtype in (mx.float32, mx.float16, mx.bfloat16) else ""
+    backend = gpu_backend()
+    if backend is None or dtype not in mod.SPEC.dtypes:
+        return list(mod.builtin(inputs, **params))
+    return _run(name, inputs, shape, dtype, config, backend, params)
+
+
+def builtin(name: str, inputs: Sequence[mx.array], **params: Any) -> list[mx.array]:
+    """The MLX built-in variant of kernel ``name``."""
+    return list(_module(name).builtin(inputs, **params))
+
+
+def _run(name: str, inputs: Sequence[mx.array], shape: Shape, dtype: str, config: Config,
+         backend: GpuBackend, params: dict[str, Any]) -> list[mx.array]:
+    mod = _module(name)
     if config == BUILTIN:
         return list(mod.builtin(inputs, **params))
     pkey: Params = tuple(sorted(params.items()))

@@ -1,13 +1,17 @@
-"""``kernelfleet admin ...``: enrollment tokens, workers, campaigns and jobs, over the HTTP API."""
+"""``kernelfleet admin ...``: enrollment tokens, workers, campaigns, jobs, regressions and webhook
+deliveries, over the HTTP API. Every ``list`` command takes ``--json`` (the API's JSON, unchanged)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from kernelfleet.service import campaign_plan
 from kernelfleet.service.client import DEFAULT_COORDINATOR, AdminClient, ClientError, resolve_admin_token
 from kernelfleet.worker.plural import plural
 
@@ -22,12 +26,21 @@ jobs_app = typer.Typer(help="List jobs and their states.", no_args_is_help=True)
 admin_app.add_typer(workers_app, name="workers")
 admin_app.add_typer(campaign_app, name="campaign")
 admin_app.add_typer(jobs_app, name="jobs")
+regressions_app = typer.Typer(help="List and acknowledge regressions.", no_args_is_help=True)
+webhooks_app = typer.Typer(help="Webhook alert deliveries and their attempts.", no_args_is_help=True)
+admin_app.add_typer(regressions_app, name="regressions")
+admin_app.add_typer(webhooks_app, name="webhooks")
 
 Coordinator = Annotated[str, typer.Option("--coordinator", envvar="KERNELFLEET_COORDINATOR",
                                           help="Coordinator base URL")]
 AdminToken = Annotated[str | None, typer.Option(
     "--admin-token", show_default=False,
     help="Admin token (default: KERNELFLEET_ADMIN_TOKEN, or local mode's generated token)")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print the rows as JSON (as the API returns them)")]
+
+
+def _print_json(rows: Any) -> None:
+    print(json.dumps(rows, indent=2))
 
 
 def _call(coordinator: str, token: str | None, method: str, path: str, **kw: Any) -> Any:
@@ -59,9 +72,12 @@ def enroll_token(
 
 
 @workers_app.command("list")
-def workers_list(coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None) -> None:
+def workers_list(coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None,
+                 as_json: AsJson = False) -> None:
     """Every enrolled worker, with its chip, backend and last heartbeat."""
     rows = _call(coordinator, admin_token, "GET", "/workers")
+    if as_json:
+        return _print_json(rows)
     table = Table(title=plural(len(rows), "worker"))
     for col in ("id", "name", "chip", "backend", "cores", "memory", "mlx", "os", "last heartbeat", "status"):
         table.add_column(col)
@@ -82,15 +98,31 @@ def workers_revoke(worker_id: Annotated[int, typer.Argument(help="The worker's i
 
 
 def _progress_cells(p: dict[str, int]) -> list[str]:
-    return [str(p["total"]), str(p["queued"]), str(p["leased"]), str(p["done"]), str(p["dead"])]
+    return [str(p["total"]), str(p["queued"]), str(p["leased"]), str(p["done"]), str(p["dead"]),
+            str(p.get("cancelled", 0))]
 
 
 @campaign_app.command("create")
 def campaign_create(
-    name: Annotated[str, typer.Option("--name", help="A name for the campaign")],
-    kernel: Annotated[list[str], typer.Option("--kernel", help="Kernel name; repeat for several")],
-    shape: Annotated[list[str], typer.Option("--shape", help="Shape like 4096x4096; repeat for several")],
-    dtype: Annotated[list[str], typer.Option("--dtype", help="float32, float16 or bfloat16; repeat")],
+    name: Annotated[str | None, typer.Option("--name", help="A name for the campaign (default with "
+                                             "--from-model: the model's type and folder)")] = None,
+    kernel: Annotated[list[str] | None, typer.Option(
+        "--kernel", help="Kernel name; repeat for several")] = None,
+    shape: Annotated[list[str] | None, typer.Option(
+        "--shape", help="Shape like 4096x4096, for every --kernel; repeat for several")] = None,
+    kernel_shape: Annotated[list[str] | None, typer.Option(
+        "--kernel-shape", help="KERNEL=SHAPE, one kernel's own shape (e.g. rope=32x1x128); repeat")] = None,
+    from_model: Annotated[Path | None, typer.Option(
+        "--from-model", help="A model's config.json (mlx-lm / Hugging Face): every catalog kernel call "
+        "it makes, at the --decode and --prefill token counts")] = None,
+    decode: Annotated[list[int] | None, typer.Option(
+        "--decode", help="With --from-model: decode batch sizes (default 1, 8, 32); repeat")] = None,
+    prefill: Annotated[list[int] | None, typer.Option(
+        "--prefill", help="With --from-model: prefill lengths (default 512, 2048); repeat")] = None,
+    dtype: Annotated[list[str] | None, typer.Option(
+        "--dtype", help="float32, float16 or bfloat16; repeat (default with --from-model: the model's)",
+    )] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; queue nothing")] = False,
     backend: Annotated[str | None, typer.Option("--backend", help="Only metal, cuda or cpu workers")] = None,
     chip: Annotated[str | None, typer.Option("--chip", help="Only chips matching this glob, "
                                              "e.g. 'Apple M3*'")] = None,
@@ -98,27 +130,39 @@ def campaign_create(
                                                      help="Attempts before a job is dead")] = None,
     coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None,
 ) -> None:
-    """Create a campaign: one job per kernel x shape x dtype."""
-    body: dict[str, Any] = {"name": name, "kernels": kernel, "shapes": shape, "dtypes": dtype}
+    """Create a campaign: one job per kernel x shape x dtype (each kernel with its own shapes with
+    --kernel-shape or --from-model). Prints the plan before it queues anything."""
+    sets, dtypes, name = campaign_plan.shape_sets(
+        kernel=kernel or [], shape=shape or [], kernel_shape=kernel_shape or [], from_model=from_model,
+        decode=decode, prefill=prefill, dtype=dtype or [], name=name, out=out, err=err)
+    body: dict[str, Any] = {"name": name, "kernel_shapes": sets, "dtypes": dtypes}
     if backend is not None:
         body["target_backend"] = backend
     if chip is not None:
         body["target_chip"] = chip
     if max_attempts is not None:
         body["max_attempts"] = max_attempts
+    if dry_run:
+        out.print("dry run: nothing queued", highlight=False)
+        return
     c = _call(coordinator, admin_token, "POST", "/campaigns", json=body)
     target = " ".join(x for x in (c["target_backend"], c["target_chip"]) if x) or "any worker"
     jobs = plural(c["progress"]["total"], "job")
     out.print(f"campaign {c['id']} ({c['name']}): {jobs} queued for {target}", highlight=False)
+    for warning in c.get("warnings", []):
+        err.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
 
 
 @campaign_app.command("list")
-def campaign_list(coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None) -> None:
+def campaign_list(coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None,
+                  as_json: AsJson = False) -> None:
     """Campaigns with their progress."""
     rows = _call(coordinator, admin_token, "GET", "/campaigns")
+    if as_json:
+        return _print_json(rows)
     table = Table(title=plural(len(rows), "campaign"))
     for col in ("id", "name", "kernels", "shapes", "dtypes", "target",
-                "total", "queued", "leased", "done", "dead"):
+                "total", "queued", "leased", "done", "dead", "cancelled"):
         table.add_column(col)
     for c in rows:
         target = " ".join(x for x in (c["target_backend"], c["target_chip"]) if x) or "any"
@@ -130,9 +174,10 @@ def campaign_list(coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: A
 @jobs_app.command("list")
 def jobs_list(
     campaign: Annotated[int | None, typer.Option("--campaign", help="Only this campaign's jobs")] = None,
-    state: Annotated[str | None, typer.Option("--state", help="queued, leased, done or dead")] = None,
+    state: Annotated[str | None, typer.Option("--state",
+                                              help="queued, leased, done, dead or cancelled")] = None,
     limit: Annotated[int, typer.Option("--limit", help="At most this many rows")] = 200,
-    coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None,
+    coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None, as_json: AsJson = False,
 ) -> None:
     """Jobs with their state, attempts and lease."""
     params: dict[str, Any] = {"limit": limit}
@@ -141,6 +186,8 @@ def jobs_list(
     if state is not None:
         params["state"] = state
     rows = _call(coordinator, admin_token, "GET", "/jobs", params=params)
+    if as_json:
+        return _print_json(rows)
     table = Table(title=plural(len(rows), "job"))
     for col in ("id", "campaign", "kernel", "shape", "dtype", "state", "attempts", "worker", "lease expires",
                 "last error"):
@@ -150,6 +197,95 @@ def jobs_list(
                       j["state"],
                       f"{j['attempts']}/{j['max_attempts']}", str(j["leased_by"] or "-"),
                       _when(j["lease_expires_at"]), (j["last_error"] or "")[:60])
+    out.print(table)
+
+
+CampaignId = Annotated[int, typer.Argument(help="The campaign's id (see `campaign list`)")]
+
+
+def _control(coordinator: str, admin_token: str | None, method: str, path: str) -> None:
+    got = _call(coordinator, admin_token, method, path)
+    out.print(got["detail"], highlight=False)
+
+
+@campaign_app.command("cancel")
+def campaign_cancel(campaign_id: CampaignId, coordinator: Coordinator = DEFAULT_COORDINATOR,
+                    admin_token: AdminToken = None) -> None:
+    """Cancel a campaign: its queued jobs are cancelled; running ones finish and keep their results."""
+    _control(coordinator, admin_token, "POST", f"/campaigns/{campaign_id}/cancel")
+
+
+@campaign_app.command("delete")
+def campaign_delete(campaign_id: CampaignId, coordinator: Coordinator = DEFAULT_COORDINATOR,
+                    admin_token: AdminToken = None) -> None:
+    """Delete a campaign: cancel it and remove it once its running jobs finish (results are kept)."""
+    _control(coordinator, admin_token, "DELETE", f"/campaigns/{campaign_id}")
+
+
+@campaign_app.command("retry")
+def campaign_retry(campaign_id: CampaignId, coordinator: Coordinator = DEFAULT_COORDINATOR,
+                   admin_token: AdminToken = None) -> None:
+    """Requeue a campaign's dead jobs and queue again its runs that had no successful trial."""
+    _control(coordinator, admin_token, "POST", f"/campaigns/{campaign_id}/retry")
+
+
+@regressions_app.command("list")
+def regressions_list(
+    status: Annotated[str | None, typer.Option("--status", help="confirming, open, acknowledged or "
+                                               "dismissed")] = None,
+    limit: Annotated[int, typer.Option("--limit", help="At most this many rows")] = 100,
+    coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None, as_json: AsJson = False,
+) -> None:
+    """Regressions, newest first, with their cause."""
+    params: dict[str, Any] = {"limit": limit} | ({"status": status} if status else {})
+    rows = _call(coordinator, admin_token, "GET", "/regressions", params=params)
+    if as_json:
+        return _print_json(rows)
+    table = Table(title=f"{len(rows)} regressions")
+    for col in ("id", "status", "chip", "kernel", "shape", "dtype", "effect", "cause", "detected"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(str(r["id"]), r["status"], r["chip"], r["kernel"], r["shape"], r["dtype"],
+                      f"{100 * r['effect']:+.1f}%", r["cause_text"][:60], _when(r["detected_at"]))
+    out.print(table)
+
+
+@regressions_app.command("acknowledge")
+def regressions_acknowledge(
+    regression_id: Annotated[int, typer.Argument(help="The regression's id (see `regressions list`)")],
+    note: Annotated[str | None, typer.Option("--note", help="Why (kept with it)")] = None,
+    group: Annotated[bool, typer.Option("--group", help="Every open one with the same cause")] = False,
+    coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None,
+) -> None:
+    """Acknowledge a regression; its queued confirmation job is cancelled."""
+    body: dict[str, Any] = {"whole_group": group} | ({"note": note} if note is not None else {})
+    got = _call(coordinator, admin_token, "POST", f"/regressions/{regression_id}/acknowledge", json=body)
+    ids = ", ".join(str(i) for i in got["acknowledged"]) or "none"
+    cancelled = got.get("cancelled_jobs", [])
+    out.print(f"acknowledged: {ids}" + (f"; confirmation job(s) cancelled: "
+                                         f"{', '.join(str(j) for j in cancelled)}" if cancelled else ""),
+              highlight=False)
+
+
+@webhooks_app.command("list")
+def webhooks_list(
+    state: Annotated[str | None, typer.Option("--state", help="pending, delivered or failed")] = None,
+    limit: Annotated[int, typer.Option("--limit", help="At most this many rows")] = 100,
+    coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None, as_json: AsJson = False,
+) -> None:
+    """Webhook deliveries (one alert to one URL), newest first, with their last attempt."""
+    params: dict[str, Any] = {"limit": limit} | ({"state": state} if state else {})
+    rows = _call(coordinator, admin_token, "GET", "/webhooks/deliveries", params=params)
+    if as_json:
+        return _print_json(rows)
+    table = Table(title=f"{len(rows)} deliveries")
+    for col in ("id", "regression", "url", "state", "attempts", "last answer", "next attempt"):
+        table.add_column(col)
+    for d in rows:
+        last = d["attempt_log"][-1] if d["attempt_log"] else None
+        answer = "-" if last is None else (last["error"] or str(last["status_code"]))[:50]
+        table.add_row(str(d["id"]), str(d["regression_id"] or "-"), d["url"], d["state"], str(d["attempts"]),
+                      answer, _when(d["next_attempt_at"]) if d["state"] == "pending" else "-")
     out.print(table)
 
 

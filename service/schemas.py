@@ -81,8 +81,8 @@ KernelName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z][
 ShapeText = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_check_shape)]
 DType = Literal["float32", "float16", "bfloat16"]
 BackendName = Literal["metal", "cuda", "cpu"]
-TrialStatusName = Literal["ok", "compile_error", "launch_error", "mismatch"]
-JobStateName = Literal["queued", "leased", "done", "dead"]
+TrialStatusName = Literal["ok", "compile_error", "launch_error", "mismatch", "unsupported"]
+JobStateName = Literal["queued", "leased", "done", "dead", "cancelled"]
 Token = Annotated[str, Field(min_length=1, max_length=256)]
 Micros = Annotated[float, Field(ge=0.0)]
 UtcTime = Annotated[datetime, PlainSerializer(_utc, return_type=str)]
@@ -158,6 +158,10 @@ class TuningReport(Strict):
         strict=False,  # an ISO 8601 string in JSON
         description="when the worker finished measuring (its clock, UTC offset required); "
                     "reports from before this field import without it, marked undated")] = None
+    revision: Annotated[str | None, Field(
+        min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+\-]*$",
+        description="the kernels' source revision: a git commit (optionally with -dirty) or the "
+                    "package version")] = None
 
     @model_validator(mode="after")
     def _best_is_a_trial(self) -> TuningReport:
@@ -172,8 +176,10 @@ class TuningReport(Strict):
         return self
 
     def digest(self) -> str:
-        """SHA-256 of the canonical JSON form (sorted keys, no spaces): the payload digest."""
-        return canonical_digest(self.model_dump(mode="json"))
+        """SHA-256 of the canonical JSON form (sorted keys, no spaces): the payload digest. A report
+        without a revision digests as before the field existed (re-imports stay duplicates)."""
+        return canonical_digest(self.model_dump(mode="json", exclude={"revision"} if self.revision is None
+                                                else None))
 
 
 def canonical_digest(data: Any) -> str:
@@ -239,9 +245,16 @@ class WorkerOut(BaseModel):
 # ---- campaigns and jobs ----
 
 class CampaignIn(Strict):
+    """Either ``kernels`` x ``shapes`` (every kernel at every shape) or ``kernel_shapes`` (each kernel
+    with its own shapes, e.g. a model's calls); either way x ``dtypes``."""
+
     name: Name
-    kernels: Annotated[list[KernelName], Field(min_length=1, max_length=64)]
-    shapes: Annotated[list[ShapeText], Field(min_length=1, max_length=64)]
+    kernels: Annotated[list[KernelName], Field(min_length=1, max_length=64)] | None = None
+    shapes: Annotated[list[ShapeText], Field(min_length=1, max_length=64)] | None = None
+    kernel_shapes: Annotated[dict[KernelName, Annotated[list[ShapeText], Field(min_length=1, max_length=64)]],
+                             Field(min_length=1, max_length=64,
+                                   description="kernel -> its own shapes (instead of kernels x shapes)")
+                             ] | None = None
     dtypes: Annotated[list[DType], Field(min_length=1, max_length=3)]
     target_backend: BackendName | None = None
     target_chip: Annotated[str, Field(min_length=1, max_length=128,
@@ -250,25 +263,40 @@ class CampaignIn(Strict):
 
     @model_validator(mode="after")
     def _bounded(self) -> CampaignIn:
-        for field in ("kernels", "shapes", "dtypes"):
-            values: list[str] = getattr(self, field)
+        pair = self.kernels is not None or self.shapes is not None
+        if self.kernel_shapes is not None and pair:
+            raise ValueError("give either kernels and shapes, or kernel_shapes, not both")
+        if self.kernel_shapes is None and (self.kernels is None or self.shapes is None):
+            raise ValueError("give kernels and shapes, or kernel_shapes")
+        lists: dict[str, list[str]] = {"dtypes": list(self.dtypes)}
+        if self.kernel_shapes is None:
+            lists.update(kernels=self.kernels or [], shapes=self.shapes or [])
+        else:
+            lists.update({f"kernel_shapes[{k!r}]": v for k, v in self.kernel_shapes.items()})
+        for label, values in lists.items():
             if len(set(values)) != len(values):
-                raise ValueError(f"{field} lists the same value twice")
-        n = len(self.kernels) * len(self.shapes) * len(self.dtypes)
+                raise ValueError(f"{label} lists the same value twice")
+        n = sum(len(s) for s in self.shape_sets().values()) * len(self.dtypes)
         if n > MAX_CAMPAIGN_JOBS:
             raise ValueError(f"this campaign would create {n} jobs; the limit is {MAX_CAMPAIGN_JOBS}")
-        _check_against_catalog(self.kernels, self.shapes, self.dtypes)
+        _check_against_catalog(self.shape_sets(), self.dtypes)
         return self
 
+    def shape_sets(self) -> dict[str, list[str]]:
+        """kernel -> its shapes, whichever form the campaign was given in."""
+        if self.kernel_shapes is not None:
+            return self.kernel_shapes
+        return {k: list(self.shapes or []) for k in self.kernels or []}
 
-def _check_against_catalog(kernels: Sequence[str], shapes: Sequence[str], dtypes: Sequence[str]) -> None:
+
+def _check_against_catalog(kernel_shapes: dict[str, list[str]], dtypes: Sequence[str]) -> None:
     """Refuse a campaign whose jobs no worker could run: unknown kernels, shapes a kernel rejects
     (e.g. rope wants batch x heads x seq x dim), dtypes it does not support."""
     from kernelfleet.kernels.catalog import get_spec
     from kernelfleet.kernels.spec import KernelError, parse_shape
 
     problems = []
-    for kernel in kernels:
+    for kernel, shapes in kernel_shapes.items():
         try:
             spec = get_spec(kernel)
         except KernelError as e:
@@ -295,19 +323,24 @@ class Progress(BaseModel):
     leased: int = 0
     done: int = 0
     dead: int = 0
+    cancelled: int = 0
 
 
 class CampaignOut(BaseModel):
     id: int
     name: str
     kernels: list[str]
-    shapes: list[str]
+    shapes: list[str]  # every shape of the campaign (each kernel's own: kernel_shapes)
+    kernel_shapes: dict[str, list[str]]
     dtypes: list[str]
     target_backend: str | None
     target_chip: str | None
     max_attempts: int
     created_at: UtcTime
     progress: Progress
+    cancelled_at: OptUtcTime = None
+    # e.g. no enrolled worker matches the target (set when the campaign is created)
+    warnings: list[str] = Field(default_factory=list)
 
 
 class JobOut(BaseModel):

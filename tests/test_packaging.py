@@ -15,6 +15,27 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("service", "worker", "web", "kernels", "migrations")
 
 
+# kernelfleet.patch / unpatch load lazily: importing kernelfleet.service imports neither mlx-lm nor the
+# patch module; asking for kernelfleet.patch does
+LAZY_PATCH = (
+    "import sys, kernelfleet, kernelfleet.service\n"
+    "assert 'mlx_lm' not in sys.modules and 'kernelfleet.kernels.model_patch' not in sys.modules\n"
+    "from kernelfleet import patch, unpatch\n"
+    "assert patch.__module__ == unpatch.__module__ == 'kernelfleet.kernels.model_patch'\n"
+    "print('patch from', sys.modules['kernelfleet.kernels.model_patch'].__file__)\n"
+)
+
+
+def test_editable_install_imports_kernelfleet_patch(tmp_path: Path) -> None:
+    """The development install (``pip install -e``, as ``make venv`` does) serves ``kernelfleet.patch``
+    from the repository, outside its folder too."""
+    code = LAZY_PATCH + "import kernelfleet.worker.cli, kernelfleet.web\n"
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert f"patch from {ROOT / 'kernels' / 'model_patch.py'}" in r.stdout
+
+
 @pytest.mark.slow
 def test_wheel_installs_and_imports_outside_the_repo(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
@@ -28,6 +49,8 @@ def test_wheel_installs_and_imports_outside_the_repo(tmp_path: Path) -> None:
     sources = [p.relative_to(ROOT) for folder in PACKAGES for p in (ROOT / folder).rglob("*")
                if p.suffix in (".py", ".html", ".mako") and "__pycache__" not in p.parts]
     missing = [str(s) for s in sources if f"kernelfleet/{s.as_posix()}" not in names]
+    missing += [str(p.relative_to(ROOT)) for p in (ROOT / "kernelfleet").glob("*.py")
+                if f"kernelfleet/{p.name}" not in names]  # the top-level package: kernelfleet.patch
     assert not missing, f"files missing from the wheel (list their packages in pyproject.toml): {missing}"
 
     venv = tmp_path / "venv"
@@ -45,10 +68,12 @@ def test_wheel_installs_and_imports_outside_the_repo(tmp_path: Path) -> None:
         "import kernelfleet.service.app, kernelfleet.worker.cli, kernelfleet.web, kernelfleet.kernels, "
         "kernelfleet.migrations\n"
         "import kernelfleet.service as s; print(s.__file__)\n"
+        + LAZY_PATCH
     )
     r = subprocess.run([str(py), "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().startswith(target), r.stdout
+    assert f"patch from {target}/kernelfleet/kernels/model_patch.py" in r.stdout, r.stdout
     main = prelude + "sys.argv = ['kernelfleet', '--help']\nfrom kernelfleet.worker.cli import main; main()\n"
     cli = subprocess.run([str(py), "-c", main],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)

@@ -1,0 +1,376 @@
+"""Tokens/s of real mlx-lm architectures, stock vs ``kernelfleet.patch``, side by side in one process.
+
+    python benchmarks/model.py tune --out benchmarks/results/h100_model_profile.json   # once per chip
+    python benchmarks/model.py run --profile benchmarks/results/h100_model_profile.json \\
+        --out benchmarks/results/h100_model.txt
+    python benchmarks/model.py run --tiny          # CPU, tiny configs: the whole path end to end
+
+Models: mlx-lm's ``llama`` (Llama-3-8B's config) and ``qwen3_moe`` (Qwen3-30B-A3B's), from the
+committed configs in ``tests/data/models/``, with random weights (no weights can be downloaded) and
+``--layers`` decoder layers (default 8 of 32 and 48: the per-layer work is the model's; the embedding
+and LM head weigh more with fewer layers), in bfloat16 and 4-bit (``nn.quantize``, group 64).
+
+``run`` measures, per model and dtype, with the stock model and the patched one (the same weights:
+``kernelfleet.patch`` / ``unpatch`` toggle the model in place) in interleaved rounds:
+
+- prefill tokens/s at each ``--prefill`` length (batch 1, fresh KV cache);
+- decode tokens/s at each ``--decode`` batch: ``--steps`` one-token steps after a ``--context``-token
+  prefill, with a KV cache (tokens/s counts every sequence of the batch);
+- logits: the patched prefill's logits against the stock ones (max |diff| / max |logit|, and the
+  share of positions whose argmax agrees);
+- the share of the stock forward's time spent in the ops the patch replaces (Amdahl): each op the
+  patch routes, at the shapes and counts one forward calls it (counted through the patch), timed in
+  isolation as the built-in and as the profile's choice, against the measured forward. Isolated op
+  times leave out overlap and fusion with neighbours, so the share is an estimate.
+
+``tune`` derives every kernel call of the models (``kernelfleet.kernels.model_shapes``, the plan of
+``kernelfleet admin campaign create --from-model``) and tunes each on this GPU with the worker's
+tuner (successive halving, ``--budget`` seconds a shape, over ``--candidates`` configs besides the
+built-in: a stable sample shared by shapes of one row length, since each config is an NVRTC
+compile of ~1.5 s on CUDA), writing a KernelFleet profile file after each shape. It stops starting
+shapes after ``--max-seconds`` (default 540: one 10-minute command); run it again to resume (shapes
+already in ``--out`` are skipped) until it reports 0 to tune. A profile pulled from a coordinator
+(``kernelfleet pull``) works as well.
+
+Imports only mlx, mlx-lm, numpy and kernelfleet's ``kernels`` (``tune`` also its ``worker`` tuner): runs
+on a bare GPU host (copy ``kernels`` and ``worker`` into a ``kernelfleet`` folder on PYTHONPATH, as
+``benchmarks/multi_gpu.sh`` does, or install the wheel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache
+
+from kernelfleet.kernels import model_patch, profile_file, profile_view, runtime
+from kernelfleet.kernels.catalog import get_spec
+from kernelfleet.kernels.model_shapes import ARCHITECTURES, derive
+from kernelfleet.kernels.spec import BUILTIN, config_key, parse_shape
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = [ROOT / "tests/data/models/llama-3-8b.json", ROOT / "tests/data/models/qwen3-30b-a3b.json"]
+TINY = {  # CPU end-to-end check: the same architectures, small
+    "llama": {"model_type": "llama", "hidden_size": 128, "num_hidden_layers": 2, "intermediate_size": 256,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 256,
+              "rope_theta": 500000.0, "tie_word_embeddings": False},
+    "qwen3_moe": {"model_type": "qwen3_moe", "hidden_size": 128, "num_hidden_layers": 2,
+                  "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+                  "head_dim": 32, "num_experts": 32, "num_experts_per_tok": 4, "decoder_sparse_step": 1,
+                  "mlp_only_layers": [], "moe_intermediate_size": 64, "rms_norm_eps": 1e-6,
+                  "vocab_size": 256, "rope_theta": 1e6, "tie_word_embeddings": False,
+                  "max_position_embeddings": 4096, "norm_topk_prob": True},
+}
+TOKEN_IDS = 200  # random prompts draw token ids below this (every vocabulary here is larger)
+
+
+def configs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    if args.tiny:
+        return [dict(c) for c in TINY.values()]
+    out = []
+    for path in args.config or CONFIGS:
+        config = json.loads(Path(path).read_text())
+        if args.layers:
+            config["num_hidden_layers"] = min(args.layers, int(config["num_hidden_layers"]))
+        out.append(config)
+    return out
+
+
+def plan_keys(config: dict[str, Any], args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    plan = derive(config, decode=args.decode, prefill=args.prefill, dtypes=[args.dtype])
+    return [(k, s, args.dtype) for k, shapes in plan.kernel_shapes.items() for s in shapes]
+
+
+def build(config: dict[str, Any], quantized: bool, dtype: str) -> nn.Module:
+    module = importlib.import_module(f"mlx_lm.models.{ARCHITECTURES[config['model_type']].mlx_module}")
+    mx.random.seed(0)
+    model = module.Model(module.ModelArgs.from_dict(config))
+    model.set_dtype(getattr(mx, dtype))
+    if quantized:
+        nn.quantize(model, group_size=64, bits=4)
+    mx.eval(model.parameters())
+    return model
+
+
+# ---- tune ----
+
+def sample(kernel: str, shape: str, dtype: str, n: int) -> list[dict[str, Any]] | None:
+    """The built-in, the kernel's default and ``n - 1`` more of this backend's candidates, picked by a
+    stable hash of (kernel, row length, config), so shapes of one row length share their configs and
+    each config compiles once per process (NVRTC: ~1.5 s a kernel). ``n`` 0: every candidate."""
+    if n <= 0:
+        return None
+    from kernelfleet.worker.backends import detect_backend
+
+    spec, dims = get_spec(kernel), parse_shape(shape)
+    cands = [c for c in detect_backend().candidates(spec, dims, dtype) if c != BUILTIN]
+    default = spec.default_config(dims, dtype)
+    rank = sorted(cands, key=lambda c: hashlib.sha1(f"{kernel}|{dims[-1]}|{config_key(c)}".encode()).digest())
+    picked = [default] + [c for c in rank if c != default][: n - 1]
+    return [dict(BUILTIN)] + picked
+
+
+def tune(args: argparse.Namespace) -> None:
+    from kernelfleet.worker.tuner import tune_spec
+
+    out = Path(args.out)
+    body = json.loads(out.read_text()) if out.exists() else {
+        "schema": profile_file.SCHEMA, "chip": runtime.target().chip, "mlx_version": mx.__version__,
+        "version": 1, "entries": []}
+    have = {(e["kernel"], e["shape"], e["dtype"]) for e in body["entries"]}
+    keys = list(dict.fromkeys(k for c in configs(args) for k in plan_keys(c, args)))
+    todo = sorted((k for k in keys if k not in have), key=lambda k: (k[0], parse_shape(k[1])[-1]))
+    print(f"{len(keys)} kernel calls planned, {len(todo)} to tune (budget {args.budget} s each)", flush=True)
+    stop = time.monotonic() + args.max_seconds
+    for i, (kernel, shape, dtype) in enumerate(todo, 1):
+        if time.monotonic() > stop:
+            print(f"stopped after {args.max_seconds:.0f} s with {len(todo) - i + 1} left: run again to go on")
+            return
+        t0 = time.perf_counter()
+        try:
+            report = tune_spec(get_spec(kernel), shape, dtype, budget=args.budget,
+                               configs=sample(kernel, shape, dtype, args.candidates)).report
+        except Exception as e:  # one shape's failure (all candidates failed, ...) is reported, not fatal
+            print(f"[{i}/{len(todo)}] {kernel} {shape} {dtype}: not tuned: {e}", flush=True)
+            continue
+        best = report["best_config_key"]
+        trial = next(t for t in report["trials"] if t["config_key"] == best)
+        builtin = next((t for t in report["trials"] if t["config_key"] == "builtin"), None)
+        entry = {"kernel": kernel, "shape": shape, "dtype": dtype, "config": trial["config"],
+                 "config_key": best, "median_us": trial["median_us"], "predicted": False}
+        if builtin and builtin.get("median_us") and trial.get("median_us"):
+            entry["speedup"] = builtin["median_us"] / trial["median_us"]
+        body["entries"].append(entry)
+        profile_file.write(body, out)
+        print(f"[{i}/{len(todo)}] {kernel} {shape} {dtype}: {best} "
+              f"({entry.get('speedup', float('nan')):.2f}x the built-in; {time.perf_counter() - t0:.0f} s)",
+              flush=True)
+
+
+# ---- run ----
+
+def probe_profile(keys: list[tuple[str, str, str]]) -> dict[str, Any]:
+    """Every planned call custom (the kernel's default config): patches every site, to count calls."""
+    entries = [{"kernel": k, "shape": s, "dtype": d,
+                "config": get_spec(k).default_config(parse_shape(s), d)} for k, s, d in keys]
+    return {"schema": profile_file.SCHEMA, "chip": "probe", "entries": entries}
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    mx.eval(fn())
+    return time.perf_counter() - t0
+
+
+def prefill_s(model: nn.Module, n: int) -> float:
+    tokens = mx.random.randint(0, TOKEN_IDS, (1, n), key=mx.random.key(n))
+    return timed(lambda: model(tokens, cache=make_prompt_cache(model)))
+
+
+def primed(model: nn.Module, batch: int, context: int) -> list[Any]:
+    """A KV cache holding a ``context``-token prefill of ``batch`` sequences."""
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.random.randint(0, TOKEN_IDS, (batch, context), key=mx.random.key(1)), cache=cache))
+    return cache
+
+
+def decode_s(model: nn.Module, batch: int, context: int, steps: int) -> float:
+    cache = primed(model, batch, context)
+    token = mx.zeros((batch, 1), mx.int32)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        logits = model(token, cache=cache)
+        token = mx.argmax(logits[:, -1:, :], axis=-1).astype(mx.int32)
+        mx.eval(token)
+    return (time.perf_counter() - t0) / steps
+
+
+def side_by_side(model: nn.Module, profile: Any, measure: Callable[[], float],
+                 rounds: int) -> tuple[list[float], list[float]]:
+    stock, patched = [], []
+    measure()  # warm-up: stock
+    model_patch.patch(model, profile)
+    measure()  # warm-up: patched (builds its kernels)
+    model_patch.unpatch(model)
+    for r in range(rounds):
+        for mode in (("stock", "patched") if r % 2 == 0 else ("patched", "stock")):
+            if mode == "patched":
+                model_patch.patch(model, profile)
+            (patched if mode == "patched" else stock).append(measure())
+            if mode == "patched":
+                model_patch.unpatch(model)
+    return stock, patched
+
+
+def op_seconds(kernel: str, shape: str, dtype: str, config: dict[str, Any], params: dict[str, Any],
+               launches: int) -> float:
+    spec = get_spec(kernel)
+    dims = parse_shape(shape)
+    inputs = spec.make_inputs(dims, dtype, 0)
+    mx.eval(inputs)
+    mx.eval(runtime.run(kernel, inputs, dims, config, **params))
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        mx.eval([runtime.run(kernel, inputs, dims, config, **params) for _ in range(launches)])
+        best = min(best, (time.perf_counter() - t0) / launches)
+    return best
+
+
+def counts(model: nn.Module, keys: list, work: Callable[[], Any]) -> tuple[dict, dict]:
+    """Calls per (kernel, shape, dtype) that ``work`` makes through the patched sites, and their params."""
+    report = model_patch.patch(model, probe_profile(keys), custom_kernels=False)
+    mx.eval(work())
+    seen: dict[tuple[str, str, str], int] = {}
+    params: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for m in report.patched:
+        assert m.router is not None
+        for k, n in m.router.seen.items():
+            seen[k] = seen.get(k, 0) + n
+            params.setdefault(k, m.router.params[k])
+    model_patch.unpatch(model)
+    return seen, params
+
+
+def amdahl(model: nn.Module, keys: list, view: Any, work: Callable[[], Any], forward_s: float,
+           launches: int) -> str:
+    """``work``: one forward (a prefill, or one decode step on a primed cache), as timed in ``forward_s``."""
+    seen, params = counts(model, keys, work)
+    builtin_s = tuned_s = 0.0
+    for key, n in seen.items():
+        b = op_seconds(*key, dict(BUILTIN), params[key], launches)
+        choice = view.choice(key[0], parse_shape(key[1]), key[2])
+        t = op_seconds(*key, choice, params[key], launches) if choice else b
+        builtin_s += n * b
+        tuned_s += n * t
+    share = builtin_s / forward_s
+    ceiling = forward_s / max(forward_s - builtin_s + tuned_s, 1e-12)
+    return (f"replaced ops {share:6.1%} of the stock forward; with the profile's choices "
+            f"at most {ceiling:.3f}x")
+
+
+def logits_check(model: nn.Module, profile: Any, n: int) -> str:
+    tokens = mx.random.randint(0, TOKEN_IDS, (1, n), key=mx.random.key(7))
+    stock = model(tokens).astype(mx.float32)
+    model_patch.patch(model, profile)
+    patched = model(tokens).astype(mx.float32)
+    model_patch.unpatch(model)
+    rel = (mx.abs(stock - patched).max() / mx.abs(stock).max()).item()
+    agree = mx.mean(mx.argmax(stock, axis=-1) == mx.argmax(patched, axis=-1)).item()
+    return f"logits: max |diff| / max |logit| {rel:.2e}; argmax agrees at {agree:.1%} of {n} positions"
+
+
+def row(label: str, tokens: int, stock: list[float], patched: list[float]) -> str:
+    s, p = statistics.median(stock), statistics.median(patched)
+    spread = max(max(stock) / min(stock), max(patched) / min(patched)) - 1
+    return (f"  {label:16} stock {tokens / s:10.1f} tok/s   patched {tokens / p:10.1f} tok/s   "
+            f"patched/stock {s / p:6.3f}x   (round spread up to {spread:5.1%}, {len(stock)} rounds each)")
+
+
+def run(args: argparse.Namespace, emit: Callable[[str], None]) -> None:
+    target = runtime.target()
+    import mlx_lm
+
+    emit(f"device: {target.chip} ({target.backend}); mlx {mx.__version__}, mlx-lm {mlx_lm.__version__}")
+    emit(f"prefill {args.prefill}, decode batches {args.decode} ({args.steps} steps after "
+         f"{args.context} tokens), {args.rounds} interleaved rounds")
+    for config in configs(args):
+        keys = plan_keys(config, args)
+        profile: Any = args.profile or probe_profile(keys)
+        view = profile_view.load(profile, target.chip)
+        for quantized in (False, True):
+            if ("4bit" if quantized else "bf16") not in args.dtypes:
+                continue
+            emit(f"\n{config['model_type']} ({config['num_hidden_layers']} layers, hidden "
+                 f"{config['hidden_size']}, {'4-bit' if quantized else args.dtype})")
+            measure_model(build(config, quantized, args.dtype), keys, profile, view, args, emit)
+
+
+def measure_model(model: nn.Module, keys: list, profile: Any, view: Any, args: argparse.Namespace,
+                  emit: Callable[[str], None]) -> None:
+    report = model_patch.patch(model, profile)
+    emit("\n".join("  " + line for line in str(report).splitlines()))
+    model_patch.unpatch(model)
+    emit("  " + logits_check(model, profile, args.prefill[0]))
+    for n in args.prefill:
+        stock, patched = side_by_side(model, profile, lambda n=n: prefill_s(model, n), args.rounds)
+        emit(row(f"prefill {n}", n, stock, patched))
+        tokens = mx.random.randint(0, TOKEN_IDS, (1, n), key=mx.random.key(n))
+        emit("    " + amdahl(model, keys, view, lambda t=tokens: model(t, cache=make_prompt_cache(model)),
+                             statistics.median(stock), args.launches))
+    for b in args.decode:
+        stock, patched = side_by_side(
+            model, profile, lambda b=b: decode_s(model, b, args.context, args.steps), args.rounds)
+        emit(row(f"decode batch {b}", b, stock, patched))
+        cache = primed(model, b, args.context)
+        step = mx.zeros((b, 1), mx.int32)
+        emit("    " + amdahl(model, keys, view, lambda c=cache, t=step: model(t, cache=c),
+                             statistics.median(stock), args.launches))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("command", choices=("run", "tune"), nargs="?", default="run")
+    p.add_argument("--tiny", action="store_true", help="tiny configs (CPU check); default sizes shrink too")
+    p.add_argument("--config", action="append", help="a model's config.json (repeat; default: Llama-3-8B, "
+                   "Qwen3-30B-A3B from tests/data/models)")
+    p.add_argument("--layers", type=int, default=8, help="decoder layers built (0: the config's)")
+    p.add_argument("--dtypes", default="bf16,4bit", help="bf16, 4bit or both (comma-separated)")
+    p.add_argument("--prefill", type=int, nargs="+", help="prefill lengths (default 512 2048)")
+    p.add_argument("--decode", type=int, nargs="+", help="decode batch sizes (default 1 8)")
+    p.add_argument("--context", type=int, help="tokens in the cache before decode steps (default 512)")
+    p.add_argument("--steps", type=int, help="decode steps timed per round (default 32)")
+    p.add_argument("--rounds", type=int, help="interleaved rounds per mode (default 5)")
+    p.add_argument("--launches", type=int, help="op launches per timing in the Amdahl estimate (default 50)")
+    p.add_argument("--profile", help="a KernelFleet profile file (kernelfleet pull, or `tune`); "
+                   "--tiny without one: every planned call at its kernel's default config")
+    p.add_argument("--budget", type=float, default=6.0, help="tune: seconds of search per shape")
+    p.add_argument("--candidates", type=int, default=12,
+                   help="tune: configs tried per shape besides the built-in (0: every candidate)")
+    p.add_argument("--max-seconds", type=float, default=540.0,
+                   help="tune: stop starting new shapes after this long (run again to resume)")
+    p.add_argument("--out", help="run: also write the report here; tune: the profile file (required)")
+    args = p.parse_args(argv)
+    small = args.tiny
+    args.prefill = args.prefill or ([32, 64] if small else [512, 2048])
+    args.decode = args.decode or [1, 8]
+    args.context = args.context or (16 if small else 512)
+    args.steps = args.steps or (4 if small else 32)
+    args.rounds = args.rounds or (2 if small else 5)
+    args.launches = args.launches or (5 if small else 50)
+    # activations and norm weights of the bf16 and the 4-bit model; --tiny: float32 (MLX's CPU gather_mm,
+    # the MoE experts' matmul, takes float32 only)
+    args.dtype = "float32" if small else "bfloat16"
+    if args.command == "tune":
+        if not args.out:
+            p.error("tune needs --out PROFILE.json")
+        tune(args)
+        return 0
+    if not args.profile and not args.tiny:
+        p.error("give --profile (from `kernelfleet pull` or `python benchmarks/model.py tune --out ...`)")
+    lines: list[str] = []
+
+    def emit(line: str) -> None:
+        print(line, flush=True)
+        lines.append(line)
+
+    run(args, emit)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

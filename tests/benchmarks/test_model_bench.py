@@ -1,0 +1,42 @@
+"""benchmarks/model.py end to end in its CPU mode (--tiny): tiny llama and qwen3_moe, built, patched,
+measured side by side; and it imports nothing of the coordinator (it must run on a bare GPU host)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from . import BENCHMARKS
+
+pytest.importorskip("mlx_lm")
+
+RUN = """
+import runpy, sys
+sys.argv = ["model.py", "run", "--tiny", "--dtypes", "bf16,4bit", "--rounds", "1", "--prefill", "16",
+            "--decode", "2"]
+try:
+    runpy.run_path({path!r}, run_name="__main__")
+except SystemExit as e:
+    assert not e.code, e.code
+server = sorted(m for m in sys.modules if m.split(".")[0] in ("pydantic", "fastapi", "sqlalchemy", "httpx"))
+print("SERVER MODULES", server)
+"""
+
+
+@pytest.mark.slow
+def test_tiny_run_end_to_end() -> None:
+    r = subprocess.run([sys.executable, "-c", RUN.format(path=str(BENCHMARKS / "model.py"))],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout
+    assert "SERVER MODULES []" in out
+    for model in ("llama (2 layers, hidden 128, float32)", "llama (2 layers, hidden 128, 4-bit)",
+                  "qwen3_moe (2 layers, hidden 128, float32)", "qwen3_moe (2 layers, hidden 128, 4-bit)"):
+        assert model in out
+    assert out.count("prefill 16 ") == 4 and out.count("decode batch 2 ") == 4
+    assert out.count("patched/stock") == 8 and out.count("replaced ops") == 8
+    assert out.count("argmax agrees at 100.0%") == 4
+    assert "moe router + combine" in out and "swiglu (experts)" in out
+    assert out.count("modules patched, 0 kept") == 4  # tiny mode's profile: every planned call custom
