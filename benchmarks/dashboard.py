@@ -43,11 +43,13 @@ from rich.progress import Progress
 from rich.table import Table
 from sqlalchemy import Engine, func, insert, select, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
 
 from kernelfleet.kernels.catalog import NAMES
 from kernelfleet.service.db import make_engine
 from kernelfleet.service.migrate import upgrade
 from kernelfleet.service.models import Campaign, Job, Profile, Regression, Result, Trial, Worker
+from kernelfleet.service.targets import target_id
 
 CHIPS = [
     ("Apple M3 Max", "metal", "macOS 15.1", 1.0),
@@ -107,6 +109,8 @@ def generate(engine: Engine, runs: int, trials_per_run: int, seed: int = 0, days
             ],
         )
         campaign_ids = [c for (c,) in conn.execute(select(Campaign.id).order_by(Campaign.id))]
+    with Session(engine) as session, session.begin():  # one job target per chip (service/targets.py)
+        targets = {chip: target_id(session, None, chip) for chip, *_ in CHIPS}
     total = runs * len(CHIPS) * len(KERNELS) * len(SHAPES) * len(DTYPES)
     result_id = 0
     first_regression_pairs: list[tuple[int, int, str, str, str, str, float, float]] = []
@@ -143,6 +147,7 @@ def generate(engine: Engine, runs: int, trials_per_run: int, seed: int = 0, days
                                     "attempts": 1,
                                     "max_attempts": 3,
                                     "target_chip": chip,
+                                    "target_id": targets[chip],
                                     "leased_by": rng.choice(worker_ids[chip]),
                                     "created_at": created,
                                     "updated_at": created,
@@ -261,6 +266,8 @@ def _extras(
     step: timedelta,
 ) -> None:
     """Regressions (300), profiles (3 versions x 2 MLX versions on 5 chips), queued and dead jobs."""
+    with Session(engine) as session, session.begin():
+        targets = {chip: target_id(session, None, chip) for chip, *_ in CHIPS}
     if engine.dialect.name == "postgresql":
         with engine.begin() as conn:  # explicit ids were inserted: move the sequences past them
             for table in ("jobs", "results", "trials"):
@@ -341,6 +348,7 @@ def _extras(
                     "attempts": 3 if dead else 0,
                     "max_attempts": 3,
                     "target_chip": chip,
+                    "target_id": targets[chip],
                     "last_error": "launch_error: out of resources" if dead else None,
                 }
             )

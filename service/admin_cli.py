@@ -13,6 +13,7 @@ from rich.table import Table
 
 from kernelfleet.service import campaign_plan
 from kernelfleet.service.client import DEFAULT_COORDINATOR, AdminClient, ClientError, resolve_admin_token
+from kernelfleet.worker.plural import plural
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
@@ -77,14 +78,14 @@ def workers_list(coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: Ad
     rows = _call(coordinator, admin_token, "GET", "/workers")
     if as_json:
         return _print_json(rows)
-    table = Table(title=f"{len(rows)} workers")
+    table = Table(title=plural(len(rows), "worker"))
     for col in ("id", "name", "chip", "backend", "cores", "memory", "mlx", "os", "last heartbeat", "status"):
         table.add_column(col)
     for w in rows:
         mem = f"{w['memory_bytes'] / 2**30:.0f} GiB" if w["memory_bytes"] else "-"
         table.add_row(str(w["id"]), w["name"], w["chip"], w["backend"], str(w["gpu_cores"] or "-"), mem,
                       w["mlx_version"] or "-", w["os"] or "-", _when(w["last_heartbeat_at"]),
-                      "revoked" if w["revoked_at"] else "active")
+                      w.get("status") or ("revoked" if w["revoked_at"] else "-"))
     out.print(table)
 
 
@@ -146,8 +147,8 @@ def campaign_create(
         return
     c = _call(coordinator, admin_token, "POST", "/campaigns", json=body)
     target = " ".join(x for x in (c["target_backend"], c["target_chip"]) if x) or "any worker"
-    out.print(f"campaign {c['id']} ({c['name']}): {c['progress']['total']} jobs queued for {target}",
-              highlight=False)
+    jobs = plural(c["progress"]["total"], "job")
+    out.print(f"campaign {c['id']} ({c['name']}): {jobs} queued for {target}", highlight=False)
     for warning in c.get("warnings", []):
         err.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
 
@@ -159,7 +160,7 @@ def campaign_list(coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: A
     rows = _call(coordinator, admin_token, "GET", "/campaigns")
     if as_json:
         return _print_json(rows)
-    table = Table(title=f"{len(rows)} campaigns")
+    table = Table(title=plural(len(rows), "campaign"))
     for col in ("id", "name", "kernels", "shapes", "dtypes", "target",
                 "total", "queued", "leased", "done", "dead", "cancelled"):
         table.add_column(col)
@@ -187,7 +188,7 @@ def jobs_list(
     rows = _call(coordinator, admin_token, "GET", "/jobs", params=params)
     if as_json:
         return _print_json(rows)
-    table = Table(title=f"{len(rows)} jobs")
+    table = Table(title=plural(len(rows), "job"))
     for col in ("id", "campaign", "kernel", "shape", "dtype", "state", "attempts", "worker", "lease expires",
                 "last error"):
         table.add_column(col)

@@ -16,6 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from kernelfleet.service import admin_cli, import_cli
 from kernelfleet.service.local_worker import LocalWorker
+from kernelfleet.service.serve_checks import PortInUse, check_port_free, quiet_idle_polls
 from kernelfleet.service.settings import Settings
 
 err = Console(stderr=True, soft_wrap=True)
@@ -81,6 +82,11 @@ def serve(
         err.print("[bold red]error:[/] --local-worker runs in the server process: use it with --workers 1")
         raise typer.Exit(2)
     try:
+        check_port_free(settings.host, settings.port)
+    except PortInUse as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(1) from None
+    try:
         app = create_app(settings)
     except SchemaNotCurrent as e:
         err.print(f"[bold red]error:[/] {e}", highlight=False)
@@ -103,6 +109,7 @@ def serve(
         return
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                             proxy_headers=True, timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE)
+    quiet_idle_polls()  # after uvicorn.Config, which configures its loggers
     worker = None
     if local_worker:
         worker = LocalWorker(app.state.session_factory, settings.local_url,
@@ -110,6 +117,8 @@ def serve(
     server = _Server(config, worker)
     if worker is not None:
         worker.start()
+    out.print(f"KernelFleet dashboard at {settings.resolved_public_url}/ (API {settings.resolved_public_url}"
+              f"/api/v1, docs /docs); Ctrl-C stops it", highlight=False, soft_wrap=True)
     try:
         server.run()
     finally:

@@ -10,6 +10,7 @@ import httpx
 
 from kernelfleet.service.local_admin import admin_token_path
 from kernelfleet.service.settings import Settings
+from kernelfleet.worker.coordinator_url import BadCoordinatorUrl, coordinator_base, unreachable_message
 
 DEFAULT_COORDINATOR = "http://127.0.0.1:8600"
 
@@ -38,7 +39,10 @@ def resolve_admin_token(explicit: str | None) -> str:
 
 class AdminClient:
     def __init__(self, coordinator: str, token: str, timeout: float = 60.0) -> None:
-        self.base = coordinator.rstrip("/")
+        try:
+            self.base = coordinator_base(coordinator)
+        except BadCoordinatorUrl as e:
+            raise ClientError(str(e)) from None
         self.http = httpx.Client(base_url=self.base + "/api/v1", timeout=timeout,
                                  headers={"Authorization": f"Bearer {token}"})
 
@@ -55,8 +59,7 @@ class AdminClient:
         except httpx.InvalidURL as e:
             raise ClientError(f"bad coordinator URL {self.base!r}: {e}") from e
         except httpx.TransportError as e:
-            raise ClientError(f"cannot reach the coordinator at {self.base} ({type(e).__name__}): "
-                              f"is `kernelfleet serve` running there?") from e
+            raise ClientError(unreachable_message(self.base, e)) from e
         if r.status_code >= 400:
             try:
                 detail = r.json().get("detail", r.text)

@@ -15,6 +15,7 @@ from rich.progress import Progress
 from kernelfleet.service.client import DEFAULT_COORDINATOR, AdminClient, ClientError, resolve_admin_token
 from kernelfleet.service.limits import describe_validation_errors
 from kernelfleet.service.schemas import TuningReport
+from kernelfleet.worker.plural import plural
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
@@ -91,8 +92,9 @@ def import_command(
     except (BadReportFile, ClientError) as e:
         err.print(f"[bold red]error:[/] {e}", highlight=False)
         raise typer.Exit(1) from None
-    again = f" ({duplicates} already imported before: not stored twice)" if duplicates else ""
-    out.print(f"imported {imported} reports from {path} into {coordinator}{again}", highlight=False)
+    again = f" ({plural(duplicates, 'report')} already imported before: not stored twice)"
+    again = again if duplicates else ""
+    out.print(f"imported {plural(imported, 'report')} from {path} into {coordinator}{again}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -4,6 +4,7 @@ process, enrolled with an enrollment token minted directly in the database."""
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -24,11 +25,21 @@ STATE_DIR = "local-worker"
 TOKEN_FILE = "token"
 
 
-def worker_command(coordinator_url: str, state_dir: Path, enroll_token: str | None) -> list[str]:
-    cmd = [sys.executable, "-m", "kernelfleet.worker.cli", "worker", "--coordinator", coordinator_url]
+ENROLL_TOKEN_ENV = "KERNELFLEET_ENROLL_TOKEN"
+
+
+def worker_command(coordinator_url: str, state_dir: Path) -> list[str]:
+    """The agent's command line. It holds no secret: the enrollment token goes in the environment
+    (:func:`worker_env`), where ``ps`` does not show it to other users."""
+    return [sys.executable, "-m", "kernelfleet.worker.cli", "worker", "--coordinator", coordinator_url,
+            "--state-dir", str(state_dir)]
+
+
+def worker_env(enroll_token: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != ENROLL_TOKEN_ENV}
     if enroll_token is not None:
-        cmd += ["--enroll-token", enroll_token]
-    return [*cmd, "--state-dir", str(state_dir)]
+        env[ENROLL_TOKEN_ENV] = enroll_token
+    return env
 
 
 class LocalWorker:
@@ -62,9 +73,9 @@ class LocalWorker:
         if not self._stored_token_known():
             with self.session_factory() as session:
                 enroll, _ = mint_enrollment_token(session, self.ttl_seconds)
-        cmd = worker_command(self.url, self.state_dir, enroll)
+        cmd = worker_command(self.url, self.state_dir)
         logger.info("starting the local worker (state in %s)", self.state_dir)
-        self.proc = subprocess.Popen(cmd)
+        self.proc = subprocess.Popen(cmd, env=worker_env(enroll))
 
     def _stored_token_known(self) -> bool:
         """True when the state dir holds a token of a worker in *this* database (revoked or not).

@@ -238,6 +238,8 @@ class WorkerOut(BaseModel):
     created_at: UtcTime
     last_heartbeat_at: OptUtcTime
     revoked_at: OptUtcTime
+    # online | offline | revoked, as the dashboard shows it (service/worker_status.py); GET /workers only
+    status: Literal["online", "offline", "revoked"] | None = None
 
 
 # ---- campaigns and jobs ----

@@ -51,6 +51,15 @@ def chip_page(
                 hint=f"Kernels with results on this chip: {', '.join(names) or 'none yet'}.",
             )
         selected = kernel or (names[0] if names else None)
+        dtypes = distinct_values(session, Result.dtype, Result.chip == chip)
+        versions = distinct_values(session, Result.mlx_version, Result.chip == chip)
+        for label, value, known in (("dtype", dtype, dtypes), ("MLX version", mlx, versions)):
+            if value and value not in known:
+                raise PageNotFound(
+                    f"no results on {chip} with {label} {value}",
+                    hint=f"{label[0].upper() + label[1:]}s with results on this chip: "
+                    f"{', '.join(known) or 'none yet'}.",
+                )
         where = [Result.chip == chip]
         if dtype:
             where.append(Result.dtype == dtype)
@@ -62,8 +71,6 @@ def chip_page(
             extra = [c for c in where[1:]]
             for shape, points in run_points(session, chip, selected, runs, *extra).items():
                 charts.append({"shape": shape, "figure": series_figure(points), "runs": len(points)})
-        dtypes = distinct_values(session, Result.dtype, Result.chip == chip)
-        versions = distinct_values(session, Result.mlx_version, Result.chip == chip)
         return page(
             request,
             "chip.html",

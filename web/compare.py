@@ -104,6 +104,7 @@ def compare(
     mlx_a: Name = None,
     mlx_b: Name = None,
     dtype: Name = None,
+    mlx: Name = None,
 ) -> HTMLResponse:
     with db() as session:
         chips = distinct_values(session, Result.chip)
@@ -123,6 +124,11 @@ def compare(
                 raise BadParam("comparing chips needs both a and b, e.g. /compare?a=CHIP&b=OTHER_CHIP")
             if a == b:
                 raise BadParam("a and b are the same chip; pick two different chips")
+            all_versions = distinct_values(session, Result.mlx_version)
+            if mlx and mlx not in all_versions:
+                raise PageNotFound(f"no results with MLX {mlx}",
+                                   hint=f"MLX versions with results: {', '.join(all_versions)}.")
+            extra += [Result.mlx_version == mlx] if mlx else []
             a_runs, b_runs = _side(session, chips, a, *extra), _side(session, chips, b, *extra)
             label_a, label_b = a, b
         elif mode == "versions":
@@ -154,6 +160,10 @@ def compare(
             else None
         )
         dtypes = distinct_values(session, Result.dtype)
+        # chips compared on different MLX versions: say so, and offer one version for both
+        mixed = sum(1 for s in summaries for p in s.pairs
+                    if p.a.mlx_version != p.b.mlx_version) if mode == "chips" else 0
+        pairs = [p for s in summaries for p in s.pairs]
         return page(
             request,
             "compare.html",
@@ -168,6 +178,14 @@ def compare(
             dtype=dtype,
             dtypes=dtypes,
             versions=versions,
+            mlx=mlx,
+            mixed=mixed,
+            paired=len(pairs),
+            chip_versions=(distinct_values(session, Result.mlx_version, Result.chip.in_([a, b]))
+                           if mode == "chips" else []),
+            versions_a=sorted({p.a.mlx_version for p in pairs}),
+            versions_b=sorted({p.b.mlx_version for p in pairs}),
+            common_versions=sorted({p.a.mlx_version for p in pairs} & {p.b.mlx_version for p in pairs}),
             label_a=label_a,
             label_b=label_b,
             summaries=summaries,

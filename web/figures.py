@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import plotly.io as pio
@@ -82,6 +82,27 @@ def _iso(value: datetime | None) -> str | None:
     return None if v is None else v.strftime("%Y-%m-%d %H:%M:%S")
 
 
+def time_unit(values: Sequence[float | None]) -> tuple[float, str]:
+    """(divisor, unit) for an axis of times given in µs: ms once the largest is 10,000 µs or more,
+    so an axis reads "120 ms", not "120k µs"."""
+    top = max((v for v in values if v is not None), default=0.0)
+    return (1000.0, "ms") if top >= 10_000 else (1.0, "µs")
+
+
+def _scaled(values: Sequence[float | None], div: float) -> list[float | None]:
+    return [None if v is None else v / div for v in values]
+
+
+def _single_time_range(xs: Sequence[str | None]) -> dict[str, Any]:
+    """An x range of ±12 h around runs that all fall within a minute: plotly would zoom its date
+    ticks to fractions of a second ("10:29:47.9995") to spread one point."""
+    times = sorted({datetime.strptime(x, "%Y-%m-%d %H:%M:%S") for x in xs if x})
+    if not times or (times[-1] - times[0]).total_seconds() >= 60:
+        return {}
+    lo, hi = times[0] - timedelta(hours=12), times[-1] + timedelta(hours=12)
+    return {"range": [lo.strftime("%Y-%m-%d %H:%M:%S"), hi.strftime("%Y-%m-%d %H:%M:%S")]}
+
+
 @dataclass(frozen=True)
 class RunPoint:
     """One run of a series: its best time, that trial's p10/p90 and what it ran on."""
@@ -102,13 +123,14 @@ def series_figure(
     """Best time per run over time: one line and p10–p90 band per dtype, marker symbols by MLX
     version (traces ``"<dtype>"``, ``"<dtype> p10–p90"`` and ``"MLX <version>"``)."""
     data: list[Trace] = []
+    div, unit = time_unit([p.p90_us if p.p90_us is not None else p.best_us for p in points])
     dtypes = sorted({p.dtype for p in points})
     for i, dtype in enumerate(dtypes):
         color = PALETTE[i % len(PALETTE)]
         pts = [p for p in points if p.dtype == dtype]
         xs = [_iso(p.created_at) for p in pts]
-        hi = [p.p90_us if p.p90_us is not None else p.best_us for p in pts]
-        lo = [p.p10_us if p.p10_us is not None else p.best_us for p in pts]
+        hi = _scaled([p.p90_us if p.p90_us is not None else p.best_us for p in pts], div)
+        lo = _scaled([p.p10_us if p.p10_us is not None else p.best_us for p in pts], div)
         data.append(
             {
                 "type": "scatter",
@@ -141,7 +163,7 @@ def series_figure(
             {
                 "type": "scatter",
                 "x": xs,
-                "y": [p.best_us for p in pts],
+                "y": _scaled([p.best_us for p in pts], div),
                 "mode": "lines",
                 "name": dtype,
                 "legendgroup": dtype,
@@ -156,7 +178,7 @@ def series_figure(
             {
                 "type": "scatter",
                 "x": [_iso(p.created_at) for p in pts],
-                "y": [p.best_us for p in pts],
+                "y": _scaled([p.best_us for p in pts], div),
                 "mode": "markers",
                 "name": f"MLX {version}",
                 "marker": {
@@ -166,11 +188,12 @@ def series_figure(
                     "line": {"width": 1, "color": "white"},
                 },
                 "customdata": [
-                    [p.result_id, p.dtype, p.config_key or "—", p.p10_us or p.best_us, p.p90_us or p.best_us]
+                    [p.result_id, p.dtype, p.config_key or "—", (p.p10_us or p.best_us) / div,
+                     (p.p90_us or p.best_us) / div]
                     for p in pts
                 ],
                 "hovertemplate": (
-                    "%{x}<br>%{customdata[1]}: <b>%{y:.2f} µs</b> (p10 %{customdata[3]:.2f}, "
+                    f"%{{x}}<br>%{{customdata[1]}}: <b>%{{y:.2f}} {unit}</b> (p10 %{{customdata[3]:.2f}}, "
                     "p90 %{customdata[4]:.2f})<br>config %{customdata[2]}<br>"
                     f"MLX {version}<extra>run %{{customdata[0]}}</extra>"
                 ),
@@ -183,7 +206,7 @@ def series_figure(
             {
                 "type": "scatter",
                 "x": [_iso(p.created_at) for p in hl],
-                "y": [p.best_us for p in hl],
+                "y": _scaled([p.best_us for p in hl], div),
                 "mode": "markers",
                 "name": "flagged run",
                 "hoverinfo": "skip",
@@ -196,8 +219,8 @@ def series_figure(
             "xref": "paper",
             "x0": 0,
             "x1": 1,
-            "y0": y,
-            "y1": y,
+            "y0": y / div,
+            "y1": y / div,
             "line": {"dash": "dot", "color": "#64748b", "width": 1},
         }
         for y, _ in hlines
@@ -206,7 +229,7 @@ def series_figure(
         {
             "xref": "paper",
             "x": 0,
-            "y": y,
+            "y": y / div,
             "text": label,
             "showarrow": False,
             "xanchor": "left",
@@ -215,7 +238,8 @@ def series_figure(
         }
         for y, label in hlines
     ]
-    return _json(data, _layout(y_title="best time (µs)", shapes=shapes, annotations=notes))
+    xrange = _single_time_range([_iso(p.created_at) for p in points])
+    return _json(data, _layout(y_title=f"best time ({unit})", shapes=shapes, annotations=notes, xaxis=xrange))
 
 
 def speedup_figure(
@@ -322,7 +346,7 @@ def ratio_figure(kernels: Sequence[str], ratios: Sequence[float], label_a: str, 
         _layout(
             height=max(180, 70 + 28 * len(kernels)),
             shapes=[line],
-            x_title=f"time on {label_b} / time on {label_a} (geometric mean)",
+            x_title=f"time on {label_b}<br>/ time on {label_a} (geometric mean)",  # 2 lines: fits 390 px
             yaxis={"autorange": "reversed", "type": "category"},
         ),
     )
@@ -354,19 +378,23 @@ def geomean(values: Sequence[float]) -> float | None:
 
 
 def samples_figure(trials: Sequence[tuple[str, Sequence[float]]]) -> str:
-    """Box plots of the raw per-launch samples of a run's fastest trials (one trace per config)."""
+    """Box plots of the raw per-launch samples of a run's fastest trials (one trace per config),
+    horizontal: the config names sit one per row on the y axis, so long names never overlap."""
+    div, unit = time_unit([max(s) for _, s in trials if s])
     data: list[Trace] = [
         {
             "type": "box",
             "name": key,
-            "y": list(samples),
+            "x": _scaled(list(samples), div),
+            "orientation": "h",
             "boxpoints": False,
             "marker": {"color": "#64748b" if key == "builtin" else PALETTE[i % len(PALETTE)]},
-            "hovertemplate": f"{key}<br>" + "%{y:.2f} µs<extra></extra>",
+            "hovertemplate": f"{key}<br>" + "%{x:.2f} " + f"{unit}<extra></extra>",
         }
         for i, (key, samples) in enumerate(trials)
     ]
     return _json(
         data,
-        _layout(height=300, y_title="time per launch (µs)", showlegend=False, xaxis={"type": "category"}),
+        _layout(height=80 + 30 * len(trials), x_title=f"time per launch ({unit})", showlegend=False,
+                yaxis={"type": "category", "autorange": "reversed"}, margin={"l": 16}),
     )

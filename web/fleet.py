@@ -10,12 +10,13 @@ from typing import Annotated, Any
 
 from fastapi import Query, Request
 from fastapi.responses import HTMLResponse
-from sqlalchemy import ColumnElement, case, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from kernelfleet.service.db import db_now
 from kernelfleet.service.deps import DbDep, SettingsDep
 from kernelfleet.service.models import Job, JobState, Regression, RegressionStatus, Result, Worker
+from kernelfleet.service.worker_status import STATUSES, worker_status
 from kernelfleet.web.figures import results_per_day_figure
 from kernelfleet.web.render import db_clock, utc
 from kernelfleet.web.render import page as page_response
@@ -25,7 +26,6 @@ from kernelfleet.web.sql import utc_day
 router = page_router()
 
 PAGE_SIZE = 100
-STATUSES = ("online", "offline", "revoked")
 
 
 @dataclass
@@ -41,20 +41,12 @@ class WorkerRow:
     job: str | None
     job_id: int | None
     job_campaign: int | None = None
-    results_week: int = 0
-
-
-def _status(offline_after: float) -> ColumnElement[str]:
-    return case(
-        (Worker.revoked_at.is_not(None), "revoked"),
-        (Worker.last_heartbeat_at >= db_now(-offline_after), "online"),
-        else_="offline",
-    )
+    results_window: int = 0  # results over the page's `days` filter
 
 
 def _summary(session: Session, offline_after: float, chip: str | None) -> dict[str, int]:
     """Workers per status, counted in SQL over the whole fleet (or one chip), whatever page is shown."""
-    status = _status(offline_after).label("status")
+    status = worker_status(offline_after).label("status")
     q = select(status, func.count()).group_by(status)
     if chip:
         q = q.where(Worker.chip == chip)
@@ -65,7 +57,7 @@ def _summary(session: Session, offline_after: float, chip: str | None) -> dict[s
 def _workers(session: Session, offline_after: float, status: str | None, chip: str | None,
              offset: int) -> list[WorkerRow]:
     """One page of workers (PAGE_SIZE rows), filtered in SQL."""
-    state = _status(offline_after)
+    state = worker_status(offline_after)
     q = (
         select(Worker.id, Worker.name, Worker.chip, Worker.backend, Worker.os, Worker.mlx_version,
                state.label("status"), Worker.last_heartbeat_at)
@@ -97,48 +89,61 @@ def _current_jobs(session: Session, rows: list[WorkerRow]) -> None:
         row.job, row.job_id, row.job_campaign = f"{j.kernel} {j.shape} {j.dtype}", j.id, j.campaign_id
 
 
+IMPORTED = "imported (no worker)"
+
+
 def _per_day(session: Session, rows: list[WorkerRow], now: datetime, days: int) -> tuple[list[str], dict]:
+    """Results stored per UTC day over the last ``days`` days: per worker on this page, plus imported
+    results (``kernelfleet import``: no worker) as one more series, so the bars add up to every
+    result stored. Each row's ``results_window`` is its total over those days."""
     names = {r.id: f"{r.name} (#{r.id})" for r in rows}
     labels = [(now - timedelta(days=i)).strftime("%Y-%m-%d") for i in range(days - 1, -1, -1)]
-    if not names:
-        return labels, {}
     day = utc_day(Result.created_at).label("day")
-    q = (
-        select(Result.worker_id, day, func.count().label("n"))
-        .where(Result.worker_id.in_(list(names)), Result.created_at >= db_now(-86400.0 * days))
-        .group_by(Result.worker_id, day)
-    )
+    since = Result.created_at >= db_now(-_since_midnight(now) - 86400.0 * (days - 1))
     counts: dict[tuple[str, str], int] = {}
     by_id = {r.id: r for r in rows}
-    for r in session.execute(q):
-        key = str(r.day)[:10]
-        counts[(names[r.worker_id], key)] = int(r.n)
-        by_id[r.worker_id].results_week += int(r.n) if key >= labels[-7] else 0
+    if names:
+        q = (
+            select(Result.worker_id, day, func.count().label("n"))
+            .where(Result.worker_id.in_(list(names)), since)
+            .group_by(Result.worker_id, day)
+        )
+        for r in session.execute(q):
+            counts[(names[r.worker_id], str(r.day)[:10])] = int(r.n)
+            by_id[r.worker_id].results_window += int(r.n)
+    imported = select(day, func.count().label("n")).where(Result.source == "import", since).group_by(day)
+    for r in session.execute(imported):
+        counts[(IMPORTED, str(r.day)[:10])] = int(r.n)
     return labels, counts
 
 
-def _totals(session: Session) -> dict[str, int]:
+def _since_midnight(now: datetime) -> float:
+    """Seconds since 00:00 UTC today (database clock): day buckets start there."""
+    return (now - now.replace(hour=0, minute=0, second=0, microsecond=0)).total_seconds()
+
+
+def _totals(session: Session, now: datetime) -> dict[str, int]:
     jobs: dict[Any, int] = dict(
         session.execute(select(Job.state, func.count()).group_by(Job.state)).tuples().all()
     )
-    open_regressions = (
-        session.scalar(
-            select(func.count())
-            .select_from(Regression)
+    regressions: dict[Any, int] = dict(
+        session.execute(
+            select(Regression.status, func.count())
             .where(Regression.status.in_([RegressionStatus.open, RegressionStatus.confirming]))
-        )
-        or 0
+            .group_by(Regression.status)
+        ).tuples().all()
     )
-    day = session.scalar(
-        select(func.count()).select_from(Result).where(Result.created_at >= db_now(-86400.0))
+    today = session.scalar(  # the last bar of the per-day chart, imports included
+        select(func.count()).select_from(Result).where(Result.created_at >= db_now(-_since_midnight(now)))
     )
     return {
         "queued": jobs.get(JobState.queued, 0),
         "leased": jobs.get(JobState.leased, 0),
         "dead": jobs.get(JobState.dead, 0),
         "done": jobs.get(JobState.done, 0),
-        "open_regressions": int(open_regressions),
-        "results_24h": int(day or 0),
+        "open_regressions": regressions.get(RegressionStatus.open, 0),
+        "confirming_regressions": regressions.get(RegressionStatus.confirming, 0),
+        "results_today": int(today or 0),
     }
 
 
@@ -162,6 +167,7 @@ def fleet(
         labels, counts = _per_day(session, rows, now, days)
         shown = {k[0] for k in counts}
         workers = [f"{r.name} (#{r.id})" for r in rows if f"{r.name} (#{r.id})" in shown]
+        workers += [IMPORTED] if IMPORTED in shown else []
         figure = results_per_day_figure(labels, workers, counts) if counts else None
         chips = session.scalars(select(Worker.chip).distinct().order_by(Worker.chip)).all()
         return page_response(
@@ -171,7 +177,7 @@ def fleet(
             rows=rows,
             now=now,
             figure=figure,
-            totals=_totals(session),
+            totals=_totals(session, now),
             summary=summary,
             status=status,
             chip=chip,

@@ -13,6 +13,7 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from kernelfleet.service.chips import backend_of
 from kernelfleet.service.deps import DbDep
 from kernelfleet.service.models import Result
 from kernelfleet.web.downloads import result_links
@@ -59,6 +60,20 @@ def _drift(session: Session, kernel: str, latest: list[Latest]) -> list[DriftRow
     return rows
 
 
+def default_dtype(latest: list[Latest], dtypes: list[str]) -> str:
+    """The dtype the charts show unless one is asked for: the one measured on the most GPU chips
+    (a dtype only the CPU has is a poor first view), then on the most chips, then float16, bfloat16,
+    float32."""
+
+    def score(d: str) -> tuple[int, int, int]:
+        chips = {r.chip for r in latest if r.dtype == d}
+        gpu = sum(1 for c in chips if backend_of(c) in ("metal", "cuda"))
+        rank = PREFERRED_DTYPES.index(d) if d in PREFERRED_DTYPES else len(PREFERRED_DTYPES)
+        return gpu, len(chips), -rank
+
+    return max(dtypes, key=score)
+
+
 @router.get("/kernels/{kernel}", response_class=HTMLResponse)
 def kernel_page(
     request: Request, db: DbDep, kernel: str, dtype: Name = None, mlx: Name = None
@@ -74,11 +89,11 @@ def kernel_page(
             raise PageNotFound(
                 f"no {dtype} results for {kernel}", hint=f"Dtypes with results: {', '.join(dtypes)}."
             )
-        chosen = dtype or next((d for d in PREFERRED_DTYPES if d in dtypes), dtypes[0])
         where = [Result.kernel == kernel]
         if mlx:
             where.append(Result.mlx_version == mlx)
         latest = latest_runs(session, *where)
+        chosen = dtype or default_dtype(latest, dtypes)
         chips = sorted({r.chip for r in latest})
         shapes = sorted_shapes([r.shape for r in latest])
         cells = {(r.chip, r.shape, r.dtype): r for r in latest}

@@ -16,6 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from kernelfleet.service.db import db_now
+from kernelfleet.web.static_files import plotly_url
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
@@ -133,7 +134,7 @@ templates.env.filters.update(
     cause_lines=fmt_cause,
     figure_json=figure_json,
 )
-templates.env.globals.update(nav=NAV, url_with=url_with, age=fmt_age)
+templates.env.globals.update(nav=NAV, url_with=url_with, age=fmt_age, plotly_url=plotly_url)
 
 
 def page(request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:

@@ -7,10 +7,8 @@ needs app-wide exception handlers.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from fastapi import APIRouter, Form, Request, Response
-from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, RedirectResponse
 
 from kernelfleet.service.auth import is_admin_token
 from kernelfleet.service.deps import ADMIN_COOKIE, SettingsDep
@@ -26,28 +24,19 @@ from kernelfleet.web import (
     runs,
 )
 from kernelfleet.web.errors import PageNotFound
-from kernelfleet.web.plotly_styles import PLOTLY_JS
 from kernelfleet.web.render import page
 from kernelfleet.web.routing import HtmlErrorRoute
-
-STATIC_DIR = Path(__file__).parent / "static"
-STATIC_FILES = {
-    "plotly.min.js": PLOTLY_JS,
-    "dashboard.css": STATIC_DIR / "dashboard.css",
-    "dashboard.js": STATIC_DIR / "dashboard.js",
-}
-
+from kernelfleet.web.static_files import static_response
 
 router = APIRouter(route_class=HtmlErrorRoute, include_in_schema=False)
 
 
 @router.get("/static/{name}")
-def static(name: str) -> FileResponse:
-    path = STATIC_FILES.get(name)
-    if path is None:
+def static(request: Request, name: str) -> Response:
+    response = static_response(request, name)
+    if response is None:
         raise PageNotFound(f"no static file {name!r}")
-    media = "text/css" if name.endswith(".css") else "text/javascript"
-    return FileResponse(path, media_type=media, headers={"Cache-Control": "public, max-age=3600"})
+    return response
 
 
 @router.get("/login", response_class=HTMLResponse)

@@ -16,12 +16,41 @@ from kernelfleet.service.errors import CoordinatorError
 from kernelfleet.web.errors import WebError
 from kernelfleet.web.render import page
 
+# pydantic's error types, in the words of a page's filters
+_PLAIN = {
+    "int_parsing": "must be a whole number",
+    "int_from_float": "must be a whole number",
+    "float_parsing": "must be a number",
+    "bool_parsing": "must be true or false",
+    "greater_than_equal": "must be {ge} or more",
+    "greater_than": "must be more than {gt}",
+    "less_than_equal": "must be {le} or less",
+    "less_than": "must be less than {lt}",
+    "string_too_long": "is too long (at most {max_length} characters)",
+    "string_too_short": "is too short",
+    "missing": "is required",
+}
+
 
 def _validation_message(exc: RequestValidationError) -> str:
+    """One plain sentence per bad parameter: ``days=abc: must be a whole number``."""
     parts = []
     for err in exc.errors():
         loc = [str(x) for x in err.get("loc", ()) if x not in ("query", "path", "body")]
-        parts.append(f"{'.'.join(loc) or 'request'}: {err.get('msg', 'invalid value')}")
+        name = ".".join(loc) or "request"
+        given = err.get("input")
+        text = str(given) if isinstance(given, str | int | float) else ""
+        shown = f"{name}={text[:40]}" if text and text.isprintable() else name
+        kind = str(err.get("type", ""))
+        if kind in ("value_error", "string_nul"):  # the message of one of our own checks
+            plain = str(err.get("msg", "")).removeprefix("Value error, ") or "is not an accepted value"
+        elif kind == "string_pattern_mismatch":
+            choices = str((err.get("ctx") or {}).get("pattern", "")).strip("^$()").split("|")
+            plain = "must be one of " + ", ".join(choices) if all(c.isalnum() for c in choices) else \
+                "is not an accepted value"
+        else:
+            plain = _PLAIN.get(kind, "is not an accepted value").format(**(err.get("ctx") or {}))
+        parts.append(f"{shown}: {plain}")
     return "; ".join(parts) or "invalid request"
 
 

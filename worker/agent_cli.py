@@ -21,6 +21,7 @@ from rich.logging import RichHandler
 from kernelfleet.worker.agent import Agent, AgentConfig, JobOutcome, speedup
 from kernelfleet.worker.client import Lease
 from kernelfleet.worker.enrollment import AgentError
+from kernelfleet.worker.plural import plural
 from kernelfleet.worker.spool import SpoolError
 from kernelfleet.worker.state import StateError, WorkerState, default_state_dir
 
@@ -130,7 +131,7 @@ def worker(
     except (StateError, SpoolError) as e:
         console.print(f"[bold red]error:[/] {e}", soft_wrap=True)
         raise typer.Exit(1) from e
-    console.print(f"worker stopped after {agent.jobs_run} job(s)")
+    console.print(f"worker stopped after {plural(agent.jobs_run, 'job')}")
 
 
 def register(app: typer.Typer) -> None:

@@ -16,9 +16,14 @@ import importlib
 import logging
 import os
 import sys
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated
 
+import click
 import typer
 from rich.console import Console
+
+from kernelfleet.worker.cli_help import plain_metavars
 
 app = typer.Typer(
     name="kernelfleet",
@@ -27,6 +32,28 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+def _version(value: bool) -> None:
+    if not value:
+        return
+    found = []
+    for dist in ("kernelfleet", "mlx"):
+        try:
+            found.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:
+            found.append(f"{dist} (not installed)")
+    typer.echo(", ".join(found))
+    raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    show_version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                               help="Show the KernelFleet and MLX versions and exit")
+                            ] = False,
+) -> None:
+    """Tune MLX GPU kernels on every chip you own."""
+
 
 _COMMAND_MODULES = (
     "kernelfleet.service.cli",
@@ -47,12 +74,17 @@ for _name in _COMMAND_MODULES:
     _module.register(app)
 
 
+def command() -> click.Command:
+    """The click command tree ``main`` runs, with plain metavars in its help."""
+    return plain_metavars(typer.main.get_command(app))
+
+
 def main() -> None:
     """Entry point: no stack trace reaches the user unless KERNELFLEET_DEBUG=1."""
     logging.basicConfig(level=os.environ.get("KERNELFLEET_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        app()
+        command()(prog_name="kernelfleet")
     except SystemExit:
         raise
     except KeyboardInterrupt:

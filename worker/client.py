@@ -19,7 +19,12 @@ from typing import Any
 
 import httpx
 
-API_PREFIX = "/api/v1"
+from kernelfleet.worker.coordinator_url import (
+    API_PREFIX,
+    BadCoordinatorUrl,
+    coordinator_base,
+    unreachable_message,
+)
 
 
 class CoordinatorError(Exception):
@@ -96,9 +101,10 @@ class CoordinatorClient:
 
     def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 30.0,
                  connect_timeout: float = 5.0) -> None:
-        self.base_url = base_url.rstrip("/")
-        if not self.base_url.startswith(("http://", "https://")):
-            raise NotACoordinator(f"{base_url!r} is not an http:// or https:// URL")
+        try:
+            self.base_url = coordinator_base(base_url)
+        except BadCoordinatorUrl as e:
+            raise NotACoordinator(str(e)) from None
         self.token = token
         try:
             self._http = httpx.Client(base_url=self.base_url,
@@ -131,8 +137,7 @@ class CoordinatorClient:
         except (httpx.InvalidURL, httpx.UnsupportedProtocol) as e:
             raise NotACoordinator(f"{self.base_url} is not a usable URL: {e}") from e
         except httpx.TransportError as e:
-            raise Unreachable(f"cannot reach the coordinator at {self.base_url}: "
-                              f"{type(e).__name__}: {e or 'no answer'}") from e
+            raise Unreachable(unreachable_message(self.base_url, e)) from e
         return response
 
     def _check(self, response: httpx.Response, what: str) -> httpx.Response:

@@ -69,11 +69,10 @@ def connect(client: CoordinatorClient, url: str, wait_seconds: float, stop: thre
             client.health()
             return
         except NotACoordinator as e:
-            raise CannotConnect(f"{e}. Check --coordinator (expected e.g. http://HOST:8600).") from e
+            raise CannotConnect(str(e)) from e
         except Unreachable as e:
             if time.monotonic() >= deadline or stop.is_set():
-                raise CannotConnect(f"{e}. Is the coordinator running, and is --coordinator {url} "
-                                    "right?") from e
+                raise CannotConnect(str(e)) from e
             stop.wait(0.5)
 
 

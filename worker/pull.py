@@ -23,6 +23,7 @@ import httpx
 
 from kernelfleet.kernels import profile_file
 from kernelfleet.worker import zmlx_cache
+from kernelfleet.worker.coordinator_url import BadCoordinatorUrl, coordinator_base, unreachable_message
 
 DEFAULT_COORDINATOR = "http://127.0.0.1:8600"
 
@@ -89,7 +90,11 @@ def fetch_profile(
 ) -> dict[str, Any] | None:
     """The profile body, or None when the coordinator answers 304 (``etag`` is current). Waits up to
     ``wait`` seconds while the coordinator builds the chip's first profile (202 + Retry-After)."""
-    url = coordinator.rstrip("/") + "/api/v1/profiles/" + quote(chip, safe="")
+    try:
+        base = coordinator_base(coordinator)
+    except BadCoordinatorUrl as e:
+        raise PullError(str(e)) from None
+    url = base + "/api/v1/profiles/" + quote(chip, safe="")
     headers = {"Accept": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
@@ -103,10 +108,7 @@ def fetch_profile(
         try:
             r = httpx.get(url, params=params, headers=headers, timeout=timeout)
         except httpx.HTTPError as e:
-            raise PullError(
-                f"cannot reach the coordinator at {coordinator}: {e}; check --coordinator "
-                f"(or KERNELFLEET_COORDINATOR) and that `kernelfleet serve` is running there"
-            ) from e
+            raise PullError(unreachable_message(base, e)) from e
         if r.status_code != 202:
             break
         if time.monotonic() >= deadline:

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
+from kernelfleet.worker.plural import plural
 from kernelfleet.worker.pull import DEFAULT_COORDINATOR, PullError, pull
 
 
@@ -34,13 +35,17 @@ def pull_command(
             "default: every version, zmlx keyed by the installed MLX",
         ),
     ] = None,
-    token: Annotated[
+    admin_token: Annotated[
         str | None,
         typer.Option(
-            "--token",
+            "--admin-token",
             envvar="KERNELFLEET_ADMIN_TOKEN",
+            show_default=False,
             help="Admin token, when the coordinator's reads are not public",
         ),
+    ] = None,
+    old_token: Annotated[
+        str | None, typer.Option("--token", hidden=True, help="The old name of --admin-token")
     ] = None,
     zmlx: Annotated[
         bool, typer.Option("--zmlx/--no-zmlx", help="Also merge into zmlx's autotune cache")
@@ -63,22 +68,23 @@ def pull_command(
                 bar.advance(task)
 
         try:
-            result = pull(coordinator, chip, mlx_version, token=token, zmlx=zmlx,
+            result = pull(coordinator, chip, mlx_version, token=old_token or admin_token, zmlx=zmlx,
                           allow_predicted=allow_predicted, progress=progress)
         except PullError as e:
             err.print(f"[bold red]error:[/] {e}", highlight=False)
             raise typer.Exit(1) from e
     state = "unchanged" if result.unchanged else "installed"
+    entries = plural(result.entries, "entry", "entries")
     out.print(
-        f"profile for {result.target.chip} version {result.version} {state}: {result.entries} entries "
+        f"profile for {result.target.chip} version {result.version} {state}: {entries} "
         f"({result.predicted} predicted) -> {result.profile_path}",
         highlight=False,
     )
     if result.zmlx is not None:
         z = result.zmlx
         out.print(
-            f"zmlx cache: {z.written} entries under {z.device_key} -> {z.path} "
-            f"({z.kept_devices} other device(s) kept)",
+            f"zmlx cache: {plural(z.written, 'entry', 'entries')} under {z.device_key} -> {z.path} "
+            f"({plural(z.kept_devices, 'other device')} kept)",
             highlight=False,
         )
         if z.backup is not None:

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from kernelfleet.kernels.spec import DTYPES, KernelError
 from kernelfleet.worker.backends import BackendError
@@ -77,7 +78,8 @@ def kernels_command() -> None:
     for col in ("dtypes", "description", "shape"):
         table.add_column(col)
     for spec in sorted(specs, key=lambda s: s.name):
-        table.add_row(spec.name, ", ".join(spec.dtypes), spec.description, spec.shape_doc)
+        # Text, not markup: descriptions hold brackets ("returns [normed, new residual]")
+        table.add_row(spec.name, ", ".join(spec.dtypes), Text(spec.description), Text(spec.shape_doc))
     out_console.print(table)
 
 

@@ -5,20 +5,22 @@ from __future__ import annotations
 from fastapi import APIRouter
 from sqlalchemy import select
 
-from kernelfleet.service.deps import AdminDep, DbDep, WorkerCallDep
+from kernelfleet.service.deps import AdminDep, DbDep, SettingsDep, WorkerCallDep
 from kernelfleet.service.enrollment import revoke_worker
 from kernelfleet.service.models import Worker
 from kernelfleet.service.params import RowId
 from kernelfleet.service.schemas import WorkerOut
+from kernelfleet.service.worker_status import worker_status
 
 router = APIRouter(tags=["workers"])
 
 
 @router.get("/workers")
-def list_workers(_: AdminDep, db: DbDep) -> list[WorkerOut]:
+def list_workers(_: AdminDep, db: DbDep, settings: SettingsDep) -> list[WorkerOut]:
+    status = worker_status(settings.worker_offline_after_seconds)
     with db() as session:
-        rows = session.scalars(select(Worker).order_by(Worker.id)).all()
-        return [WorkerOut.model_validate(w) for w in rows]
+        rows = session.execute(select(Worker, status).order_by(Worker.id)).all()
+        return [WorkerOut.model_validate(w).model_copy(update={"status": s}) for w, s in rows]
 
 
 @router.get("/workers/me")

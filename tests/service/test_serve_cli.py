@@ -116,7 +116,7 @@ def test_admin_cli_end_to_end(coordinator: Coordinator) -> None:
                                             "chip": "Apple M4", "backend": "metal"})
         assert w.status_code == 201
     r = run_cli("admin", "workers", "list", *base, env=env)
-    assert r.returncode == 0 and "mac-mini" in r.stdout and "active" in r.stdout
+    assert r.returncode == 0 and "mac-mini" in r.stdout and "online" in r.stdout
     r = run_cli("admin", "workers", "revoke", str(w.json()["worker_id"]), *base, env=env)
     assert r.returncode == 0 and "revoked" in r.stdout
     r = run_cli("admin", "workers", "list", *base, env=env)
@@ -195,10 +195,14 @@ def test_local_worker_is_started_and_stopped_with_the_server(tmp_path: Path) -> 
             workers = httpx.get(url + "/api/v1/workers", headers={"Authorization": f"Bearer {token}"}).json()
             time.sleep(0.2)
         assert len(workers) == 1, "the local worker enrolled itself"
-        assert _processes_mentioning(str(tmp_path / "local-worker"))
+        pids = _processes_mentioning(str(tmp_path / "local-worker"))
+        assert pids
+        for pid in pids:  # the enrollment token travels in the environment, not on the command line (ps)
+            assert b"--enroll-token" not in Path(f"/proc/{pid}/cmdline").read_bytes()
     finally:
         out = _stop_server_only(proc)
     assert (tmp_path / "local-worker" / "token").exists(), out
+    assert f"KernelFleet dashboard at {url}/" in out
     deadline = time.monotonic() + 30
     while _processes_mentioning(str(tmp_path / "local-worker")) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -225,6 +225,21 @@ def _campaign(admin: httpx.Client, **body: Any) -> int:
     return int(r.json()["id"])
 
 
+def one_m2_result(c: Coordinator) -> None:
+    """Enroll an Apple M2 worker and store one rmsnorm 32x4096 float16 run (MLX 0.32.4) through a
+    campaign's lease, as the small page tests need."""
+    w = _enroll(c, "m2", "Apple M2", "metal", "macOS 14.6")
+    with c.admin() as admin:
+        _campaign(admin, name="c", kernels=["rmsnorm"], shapes=["32x4096"], dtypes=["float16"],
+                  target_chip="Apple M2")
+    with c.client(w["token"]) as worker:
+        lease = worker.post("/leases", json={}).json()
+        report = make_report("Apple M2", "rmsnorm", "32x4096", "float16", "0.32.4", 0)
+        r = worker.post(f"/jobs/{lease['job_id']}/result",
+                        json={"lease_token": lease["lease_token"], "report": report})
+        assert r.status_code == 201, r.text
+
+
 def _run_queue(filled: Filled, worker: dict[str, Any], mlx: str, run: int) -> None:
     """Lease until nothing is left for this worker, posting a report for each job."""
     with filled.coordinator.client(worker["token"]) as w:
@@ -303,6 +318,9 @@ def fill(c: Coordinator) -> Filled:
         with c.client(filled.workers["gpu-h100-a"]["token"]) as w:
             job = w.post("/leases", json={}).json()
             filled.leased_job = job["job_id"]
+            # confirmed as a real worker does, so it stays leased (an hour: see filled_coordinator)
+            r = w.post(f"/jobs/{job['job_id']}/heartbeat", json={"lease_token": job["lease_token"]})
+            assert r.status_code == 200, r.text
         # a retired machine
         filled.workers["old-m1"] = _enroll(c, "old-m1", "Apple M1", "metal", "macOS 13.6")
         r = admin.post(f"/workers/{filled.workers['old-m1']['id']}/revoke")
@@ -397,9 +415,10 @@ def _insert_regressions(filled: Filled) -> None:
         engine.dispose()
 
 
-def filled_coordinator(backend: str, workdir: Path, **env: str) -> Iterator[Filled]:
+def filled_coordinator(backend: str, workdir: Path, *, empty: bool = False, **env: str) -> Iterator[Filled]:
     """A migrated database (SQLite file or a fresh PostgreSQL database), a running coordinator on it,
-    filled through the API. Same pattern as the ``coordinator`` fixture, for a module scope."""
+    filled through the API (left empty with ``empty=True``). Same pattern as the ``coordinator``
+    fixture, for a module scope."""
     pg_name = None
     if backend == "sqlite":
         url = f"sqlite:///{workdir / 'kernelfleet.db'}"
@@ -413,12 +432,14 @@ def filled_coordinator(backend: str, workdir: Path, **env: str) -> Iterator[Fill
             capture_output=True,
             text=True,
         )
+        # the one leased job stays leased while a test module reads the pages (minutes on a busy host)
+        env = {"KERNELFLEET_LEASE_SECONDS": "3600", **env}
         c = Coordinator(
             db_url=url, workdir=workdir, admin_token="adm-" + secrets.token_urlsafe(24), env_overrides=env
         )
         c.start()
         try:
-            yield fill(c)
+            yield Filled(c) if empty else fill(c)
         finally:
             c.stop()
     finally:

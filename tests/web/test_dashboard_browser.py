@@ -335,7 +335,7 @@ def test_run_page_lists_every_trial(browser: Any, site: Filled, shots: Path) -> 
     assert statuses == {t["config_key"]: t["status"] for t in p.report["trials"]}
     boxes = page.charts()["samples"]
     assert boxes[0]["name"] == p.report["best_config_key"]
-    assert sorted(boxes[0]["y"]) == pytest.approx(p.best["samples_us"])
+    assert sorted(boxes[0]["x"]) == pytest.approx(p.best["samples_us"])
     close(page)
 
 

@@ -9,11 +9,16 @@ import plotly.graph_objects as go
 import pytest
 
 from kernelfleet.web import figures as F
+from kernelfleet.web import search_figures as S
 
 T0 = datetime(2026, 11, 1, 12, 0)
 POINTS = [
     F.RunPoint(i, T0 + timedelta(hours=i), d, 10.0 + i, 9.5 + i, 11.0 + i, v, "tg=256,vec=4")
     for i, (d, v) in enumerate([("float16", "0.32.3"), ("float32", "0.32.3"), ("float16", "0.32.4")])
+]
+
+MEASURED = [S.Measured("builtin", 12.0)] + [
+    S.Measured(f"tg={tg},vec={vec}", 10.0 + tg / 256 + vec) for tg in (128, 256, 512) for vec in (2, 4)
 ]
 
 BUILDERS = {
@@ -30,6 +35,8 @@ BUILDERS = {
     "per_day": lambda: F.results_per_day_figure(
         ["2026-11-01", "2026-11-02"], ["w1"], {("w1", "2026-11-02"): 4}
     ),
+    "param": lambda: S.param_figure(MEASURED, "tg", 12.0),
+    "bandwidth": lambda: S.bandwidth_figure(MEASURED, 64 * 2**20, 400.0, "Apple M3 Max"),
     "samples": lambda: F.samples_figure([("tg=256,vec=4", [1.0, 1.1, 1.2]), ("builtin", [1.5, 1.6])]),
 }
 
@@ -77,3 +84,55 @@ def test_golden_drift_compares_only_runs_with_the_same_seed() -> None:
     other_seed = compare_golden(a, dict(b, seed=7), bound)
     assert not other_seed.comparable and "seed" in other_seed.reason
     assert compare_golden(a, {k: v for k, v in b.items() if k != "seed"}, bound).beyond  # old rows: seed 0
+
+
+def test_single_run_series_gets_a_readable_date_range() -> None:
+    """One run (or several within a minute) would otherwise get ticks like 10:29:47.9995."""
+    fig = json.loads(F.series_figure(POINTS[:1]))
+    lo, hi = (datetime.fromisoformat(x) for x in fig["layout"]["xaxis"]["range"])
+    assert hi - lo == timedelta(hours=24)
+    assert "range" not in json.loads(F.series_figure(POINTS))["layout"]["xaxis"]  # 2 h apart: plotly's own
+
+
+def test_times_of_10_ms_and_more_are_drawn_in_ms() -> None:
+    slow = [F.RunPoint(1, T0, "float32", 120_000.0, 118_000.0, 125_000.0, "0.32.4", "tg=256")]
+    fig = json.loads(F.series_figure(slow, hlines=[(100_000.0, "baseline")]))
+    assert fig["layout"]["yaxis"]["title"]["text"] == "best time (ms)"
+    line = next(t for t in fig["data"] if t["name"] == "float32")
+    assert line["y"] == [120.0]
+    assert fig["layout"]["shapes"][0]["y0"] == 100.0
+    fast = json.loads(F.series_figure(POINTS))
+    assert fast["layout"]["yaxis"]["title"]["text"] == "best time (µs)"
+    boxes = json.loads(F.samples_figure([("tg=256", [20_000.0, 21_000.0])]))
+    assert boxes["data"][0]["x"] == [20.0, 21.0] and "(ms)" in boxes["layout"]["xaxis"]["title"]["text"]
+
+
+def test_box_plot_configs_are_rows_not_crowded_columns() -> None:
+    keys = [f"rows={r},tg={t},vec=4" for r in (1, 2, 4) for t in (128, 256, 512)]
+    fig = json.loads(F.samples_figure([(k, [1.0, 1.1]) for k in keys]))
+    assert all(t["orientation"] == "h" and t["name"] == k for t, k in zip(fig["data"], keys, strict=True))
+    assert fig["layout"]["height"] >= 30 * len(keys)  # one row of at least 30 px per config
+
+
+def test_param_figure_shows_every_config_and_the_fastest_per_value() -> None:
+    assert S.parameters(MEASURED) == ["tg", "vec"]
+    assert S.parameters([S.Measured("tg=128,vec=4", 1.0), S.Measured("tg=256,vec=4", 2.0)]) == ["tg"]
+    fig = json.loads(S.param_figure(MEASURED, "tg", 12.0))
+    configs, fastest = fig["data"]
+    assert sorted(configs["text"]) == sorted(m.config_key for m in MEASURED[1:])
+    assert fastest["x"] == ["128", "256", "512"]  # numeric order, not text order
+    assert fastest["y"] == [10.0 + 0.5 + 2, 10.0 + 1 + 2, 10.0 + 2 + 2]
+    assert fig["layout"]["shapes"][0]["y0"] == 12.0  # the built-in
+
+
+def test_bandwidth_figure_is_bytes_over_median_against_the_chip() -> None:
+    nbytes = 64 * 2**20
+    fig = json.loads(S.bandwidth_figure(MEASURED, nbytes, 400.0, "Apple M3 Max"))
+    bars = fig["data"][0]
+    fastest = min(MEASURED, key=lambda m: m.median_us)
+    assert bars["y"][0] == fastest.config_key
+    assert bars["x"][0] == pytest.approx(nbytes / (fastest.median_us * 1e-6) / 1e9)
+    assert fig["layout"]["shapes"][0]["x0"] == 400.0
+    assert "400 GB/s" in fig["layout"]["annotations"][0]["text"]
+    unknown = json.loads(S.bandwidth_figure(MEASURED, nbytes, None, "cpu"))
+    assert unknown["layout"]["shapes"] == []

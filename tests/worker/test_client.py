@@ -68,7 +68,7 @@ def test_closed_port_is_unreachable() -> None:
 
 
 def test_bad_scheme_is_refused() -> None:
-    with pytest.raises(NotACoordinator, match="not an http"):
+    with pytest.raises(NotACoordinator, match="must look like http://"):
         CoordinatorClient("ftp://example.invalid")
 
 
