@@ -50,6 +50,21 @@ class Finding:
     baseline_indices: tuple[int, ...] = ()  # the runs the baseline was computed from
 
 
+def same_change(
+    alert: int, alert_levels: tuple[float, float], finding: int, finding_levels: tuple[float, float],
+    min_effect: float, near: int = 2, late: int = 10,
+) -> bool:
+    """Whether an existing alert (first slower run, (baseline, new) medians) already covers a scan
+    finding: at most ``near`` runs apart, or up to ``late`` runs after it from the same baseline
+    level (within ``min_effect / 2``: the online detector saw the change a few runs late). A false
+    alert before a real step, or at another level, does not hide the step."""
+    gap = alert - finding
+    if abs(gap) <= near:
+        return True
+    tolerance = float(np.log1p(min_effect / 2))
+    return 0 < gap <= late and abs(float(np.log(alert_levels[0] / finding_levels[0]))) <= tolerance
+
+
 class OnlineDetector(Protocol):
     """Looks at each new run as it arrives against the series' recent history."""
 
@@ -61,8 +76,10 @@ class OnlineDetector(Protocol):
 
     def confirms(
         self, history: Sequence[RunPoint], suspect: Finding, rerun: RunPoint, min_effect: float
-    ) -> bool:
-        """Whether a confirmation re-run reproduces ``suspect`` (same baseline ``history``)."""
+    ) -> Finding | None:
+        """The suspect re-estimated with its confirmation re-run when that reproduces it, else None.
+        ``history``: the runs since the baseline started up to the re-run, the suspect's slower runs
+        (from ``suspect.index`` on) and any stored since included."""
         ...
 
 

@@ -10,7 +10,13 @@ into an earlier and a later level. The pass:
 3. accepts it when a permutation test (the segment's runs shuffled ``permutations`` times) gives
    p below ``p_threshold`` *and* the medians on both sides differ by at least ``min_effect``;
 4. recurses into both sides (binary segmentation), with at least ``min_segment`` runs per side;
-5. merges consecutive slower splits less than ``merge_within`` runs apart (a ramp is cut into
+5. looks for a change near either end, which the split above cannot reach (it needs ``min_segment``
+   runs on each side): in the first segment, a faster level of 1 to ``edge_runs`` runs; in the last,
+   a slower level of 2 to ``edge_runs`` runs (one run alone at the end is the online detector's
+   suspect, settled by its confirmation re-run). These use :func:`.segments.level_shift` with the
+   stricter ``edge_alpha``, and every run of the short side must clear the other level's median by
+   ``floor * min_effect``, so a bad run or two next to the end cannot make a step;
+6. merges consecutive slower splits less than ``merge_within`` runs apart (a ramp is cut into
    several steps) into one finding, from the level before the first to the level after the last.
 
 Findings whose level rose by at least ``min_effect`` are reported. The permutation generator is seeded,
@@ -20,13 +26,20 @@ so a scan of the same data gives the same answer.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.ndimage import median_filter
 
 from kernelfleet.service.regressions.base import Finding, RunPoint, register_offline
 from kernelfleet.service.regressions.noise import MAD_TO_SIGMA, SCALE_FLOOR
+from kernelfleet.service.regressions.segments import (
+    LevelShift,
+    Prior,
+    fast_side_holds,
+    level_shift,
+    slow_side_holds,
+)
 
 
 def _cusum_stat(x: np.ndarray, min_segment: int) -> np.ndarray:
@@ -52,12 +65,16 @@ class ChangePointDetector:
     clip_sigmas: float = 3.0
     seed: int = 20261126
     merge_within: int = 15  # runs: slower steps closer than this are one (gradual) change
+    edge_runs: int = 4  # a change this close to either end is looked for by the edge test
+    edge_alpha: float = 1e-4
+    floor: float = 0.5
+    prior: Prior = field(default_factory=Prior)
 
     def scan(self, runs: Sequence[RunPoint], min_effect: float) -> list[Finding]:
         raw = np.array([p.log_median for p in runs], dtype=float)
-        if len(raw) < 2 * self.min_segment:
+        if len(raw) < 3:
             return []
-        x = self._tame(raw)
+        x = self._tame(raw) if len(raw) >= 2 * self.min_segment else raw
         rng = np.random.default_rng(self.seed)
         cuts: list[tuple[int, float]] = []
         stack = [(0, len(x))]
@@ -68,7 +85,32 @@ class ChangePointDetector:
                 continue
             cuts.append((a + split[0], split[1]))
             stack.extend([(a, a + split[0]), (a + split[0], b)])
+        cuts.sort()
+        first_end = cuts[0][0] if cuts else len(raw)
+        last_start = cuts[-1][0] if cuts else 0
+        for a, b, head in ((0, first_end, True), (last_start, len(raw), False)):
+            edge = self._edge_split(runs[a:b], raw[a:b], head, min_effect)
+            if edge is not None and all(c != a + edge.tau for c, _ in cuts):
+                cuts.append((a + edge.tau, edge.p_value))
         return self._findings(raw, sorted(cuts), min_effect)
+
+    def _edge_split(
+        self, runs: Sequence[RunPoint], x: np.ndarray, head: bool, min_effect: float
+    ) -> LevelShift | None:
+        """The most significant slowdown with a short faster side at the head of ``runs``
+        (``head``) or a short slower side at its tail."""
+        m = len(x)
+        taus = range(1, min(self.edge_runs, m - 2) + 1) if head else range(max(1, m - self.edge_runs), m - 1)
+        best: LevelShift | None = None
+        for tau in taus:
+            shift = level_shift(runs, tau, self.prior, x)
+            floor = self.floor * min_effect
+            short_side_holds = fast_side_holds if head else slow_side_holds
+            if shift.effect < min_effect or not short_side_holds(x, shift, floor):
+                continue
+            if best is None or shift.p_value < best.p_value:
+                best = shift
+        return best if best is not None and best.p_value < self.edge_alpha else None
 
     def _findings(self, raw: np.ndarray, cuts: list[tuple[int, float]], min_effect: float) -> list[Finding]:
         """One finding per slowdown: consecutive slower cuts with short segments between them (a ramp
