@@ -62,7 +62,7 @@ HISTORY = 20  # settings.regression_history_runs
 MIN_EFFECT = 0.03  # settings.regression_min_effect
 MIN_HISTORY = 2  # comparisons: runs with at least this many earlier runs
 COVER = 10  # scoring window after a change
-EXTEND_RUNS = 5  # engine.EXTEND_RUNS: a slowdown this soon after an alert extends it
+EXTEND_RUNS = 6  # engine.EXTEND_RUNS: a slowdown this soon after an alert extends it
 EARLY, LATE = range(1, 4), range(N_RUNS - 3, N_RUNS)  # 0-based index of the first slower run
 OUT = Path(__file__).parent / "results" / "detector.txt"
 
@@ -244,9 +244,10 @@ def ours_offline(s: Series) -> Outcome:
 def ours_combined(s: Series, rng: np.random.Generator) -> Outcome:
     out = ours_online(s, rng)
     online = list(out.alerts)
+    medians = [p.median_us for p in s.runs]
     for f in ChangePointDetector().scan(s.runs, MIN_EFFECT):
         levels = (f.baseline_median_us, f.new_median_us)
-        if not any(same_change(t, out.levels[t], f.index, levels, MIN_EFFECT) for t in online):
+        if not any(same_change(t, out.levels[t], f.index, levels, medians, MIN_EFFECT) for t in online):
             out.alerts.append(f.index)
             out.causes[f.index] = pair_cause(s, f.index)
     out.alerts.sort()

@@ -51,18 +51,37 @@ class Finding:
 
 
 def same_change(
-    alert: int, alert_levels: tuple[float, float], finding: int, finding_levels: tuple[float, float],
-    min_effect: float, near: int = 2, late: int = 10,
+    alert: int,
+    alert_levels: tuple[float, float],
+    finding: int,
+    finding_levels: tuple[float, float],
+    medians: Sequence[float],
+    min_effect: float,
+    near: int = 2,
+    late: int = 10,
 ) -> bool:
     """Whether an existing alert (first slower run, (baseline, new) medians) already covers a scan
-    finding: at most ``near`` runs apart, or up to ``late`` runs after it from the same baseline
-    level (within ``min_effect / 2``: the online detector saw the change a few runs late). A false
-    alert before a real step, or at another level, does not hide the step."""
+    finding in the same runs (``medians``, one per run):
+
+    - they are at most ``near`` runs apart;
+    - the alert came up to ``late`` runs after the finding from at least the finding's baseline
+      level (the online detector saw the change, or the rest of a ramp, a few runs late);
+    - the alert came up to ``late`` runs before the finding and the runs in between (after the
+      alert's own suspect and confirmation) stayed slower than the alert's baseline (the slowdown
+      it reported went on rising).
+
+    A false alert that the runs after it contradicted (they went back to its baseline) covers
+    nothing after it, so it does not hide a real step nearby."""
     gap = alert - finding
     if abs(gap) <= near:
         return True
     tolerance = float(np.log1p(min_effect / 2))
-    return 0 < gap <= late and abs(float(np.log(alert_levels[0] / finding_levels[0]))) <= tolerance
+    if 0 < gap <= late:
+        return float(np.log(alert_levels[0] / finding_levels[0])) >= -tolerance
+    if 0 < -gap <= late:  # the runs after the alert's own two (suspect and confirmation)
+        between = np.log(np.asarray(medians[alert + 2 : finding], dtype=float))
+        return bool(np.median(between) >= np.log(alert_levels[0]) + tolerance)
+    return False
 
 
 class OnlineDetector(Protocol):

@@ -66,7 +66,7 @@ class ChangePointDetector:
     seed: int = 20261126
     merge_within: int = 15  # runs: slower steps closer than this are one (gradual) change
     edge_runs: int = 4  # a change this close to either end is looked for by the edge test
-    edge_alpha: float = 1e-4
+    edge_alpha: float = 1e-3
     floor: float = 0.5
     prior: Prior = field(default_factory=Prior)
 

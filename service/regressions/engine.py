@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 SCAN_LOCK = 0x6B66_7265  # PostgreSQL advisory lock id for the scan ("kfre")
 SCAN_RUNS = 200  # runs per series the scan looks at
-EXTEND_RUNS = 5  # a slowdown confirmed this soon after an open regression extends it
+EXTEND_RUNS = 6  # a slowdown confirmed this soon after an open regression extends it
 CONFIRM_RUNS = 60  # runs loaded to settle a confirmation (the suspect's baseline and slower runs)
 
 
@@ -241,6 +241,7 @@ def scan(factory: sessionmaker[Session], settings: Settings) -> ScanReport:
             if not found:
                 continue
             position = {r.result_id: i for i, r in enumerate(runs)}
+            medians = [r.median_us for r in runs]
             existing = session.execute(
                 select(Regression.result_id, Regression.baseline_median_us, Regression.new_median_us).where(
                     *_series_where(key), Regression.status != RegressionStatus.dismissed
@@ -250,7 +251,7 @@ def scan(factory: sessionmaker[Session], settings: Settings) -> ScanReport:
             effect = settings.regression_min_effect
             for f in found:
                 levels = (f.baseline_median_us, f.new_median_us)
-                if any(base.same_change(i, lv, f.index, levels, effect) for i, lv in taken):
+                if any(base.same_change(i, lv, f.index, levels, medians, effect) for i, lv in taken):
                     continue
                 new_run = runs[f.index]
                 cause = attribute(runs[f.index - 1], new_run)

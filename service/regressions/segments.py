@@ -38,7 +38,7 @@ class Prior:
     """What a run's median is expected to wander from run to run before a series shows its own."""
 
     sigma: float = 0.015  # log units (1.5 %)
-    df: float = 4.0
+    df: float = 8.0
     pair_clip: float = 2.0  # two slower runs: the slower counts at most this many sigmas above the other
 
 

@@ -1,7 +1,7 @@
 """The online step detector: did the series get slower in its last few runs?
 
-Each new run is checked against the runs since the series' baseline started (at most the recent
-history). The detector tries every split that puts the new run on the slower side and the change
+Each new run is checked against the runs since the series' baseline started (at most the last
+``window``). The detector tries every split that puts the new run on the slower side and the change
 at most ``lookback`` runs back, and tests the two levels with :func:`.segments.level_shift` (a
 pooled run-to-run sigma with a prior, so two or three runs of history are enough, and medians, so
 an earlier bad run or a step already a few runs old does not hide the change). The split with the
@@ -38,17 +38,20 @@ class StepDetector:
     name: str = "step"
     min_history: int = 2
     lookback: int = 4  # the change may be this many runs old (the newest run included)
-    alpha: float = 2e-3
+    window: int = 14  # runs tested at once (at most window - lookback before the change): a slow
+    # drift over a longer history is the scan's to find, not a step
+    alpha: float = 1e-2
     sample_alpha: float = 1e-3
     sample_runs: int = 3
-    confirm_alpha: float = 1e-4
+    confirm_alpha: float = 1e-3
     floor: float = 0.5  # every slower run is at least floor * min_effect above the faster level
     prior: Prior = field(default_factory=Prior)
 
     def check(self, history: Sequence[RunPoint], new: RunPoint, min_effect: float) -> Finding | None:
         if len(history) < self.min_history:
             return None
-        runs = [*history, new]
+        skip = max(0, len(history) - (self.window - 1))
+        runs = [*history[skip:], new]
         x = np.array([p.log_median for p in runs], dtype=float)
         best: LevelShift | None = None
         for tau in range(max(1, len(runs) - self.lookback), len(runs)):
@@ -59,7 +62,7 @@ class StepDetector:
             return None
         if not self._samples_shifted(runs[: best.tau], new):
             return None
-        return self._finding(best)
+        return self._finding(best, skip)
 
     def confirms(
         self, history: Sequence[RunPoint], suspect: Finding, rerun: RunPoint, min_effect: float
@@ -69,12 +72,13 @@ class StepDetector:
         finding when the slower runs and the re-run together clear ``confirm_alpha``."""
         if not 0 < suspect.index <= len(history):
             return None
-        runs = [*history, rerun]
+        skip = max(0, suspect.index - (self.window - self.lookback))
+        runs = [*history[skip:], rerun]
         x = np.array([p.log_median for p in runs], dtype=float)
-        best = self._shift(runs, x, suspect.index, min_effect)
+        best = self._shift(runs, x, suspect.index - skip, min_effect)
         if best is None or best.p_value >= self.confirm_alpha:
             return None
-        return self._finding(best)
+        return self._finding(best, skip)
 
     def _shift(
         self, runs: Sequence[RunPoint], x: np.ndarray, tau: int, min_effect: float
@@ -84,15 +88,16 @@ class StepDetector:
             return None
         return shift
 
-    def _finding(self, shift: LevelShift) -> Finding:
+    def _finding(self, shift: LevelShift, skip: int) -> Finding:
+        """The finding of ``shift`` in runs from which the first ``skip`` were left out."""
         return Finding(
             detector=self.name,
-            index=shift.tau,
+            index=skip + shift.tau,
             baseline_median_us=float(np.exp(shift.before)),
             new_median_us=float(np.exp(shift.after)),
             effect=shift.effect,
             p_value=shift.p_value,
-            baseline_indices=tuple(range(shift.tau)),
+            baseline_indices=tuple(range(skip, skip + shift.tau)),
         )
 
     def _samples_shifted(self, before: Sequence[RunPoint], new: RunPoint) -> bool:
