@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from kernelfleet.service.regressions.attribution import attribute, group_key
-from kernelfleet.service.regressions.base import RunPoint, same_change
+from kernelfleet.service.regressions.base import RunPoint, relocates, same_change
 from kernelfleet.service.regressions.changepoint import ChangePointDetector
 from kernelfleet.service.regressions.step import StepDetector
 
@@ -247,9 +247,15 @@ def ours_combined(s: Series, rng: np.random.Generator) -> Outcome:
     medians = [p.median_us for p in s.runs]
     for f in ChangePointDetector().scan(s.runs, MIN_EFFECT):
         levels = (f.baseline_median_us, f.new_median_us)
-        if not any(same_change(t, out.levels[t], f.index, levels, medians, MIN_EFFECT) for t in online):
+        same = [t for t in online if same_change(t, out.levels[t], f.index, levels, medians, MIN_EFFECT)]
+        if not same:
             out.alerts.append(f.index)
             out.causes[f.index] = pair_cause(s, f.index)
+        elif relocates(same[0], f, MIN_EFFECT) and f.index not in out.alerts:
+            # the scan, with runs on both sides of the change, moves the alert to its run pair
+            out.alerts[out.alerts.index(same[0])] = f.index
+            out.causes[f.index] = pair_cause(s, f.index)
+            out.levels[f.index] = out.levels.pop(same[0])
     out.alerts.sort()
     return out
 

@@ -84,6 +84,13 @@ def same_change(
     return False
 
 
+def relocates(alert: int, finding: Finding, min_effect: float = 0.03) -> bool:
+    """Whether the scan's ``finding`` of the same change moves an alert's first slower run: one run
+    off, for a change of at least twice ``min_effect`` (the online detector, seeing only runs
+    before it, can take a high run just before a step for its start; the scan sees both sides)."""
+    return abs(alert - finding.index) == 1 and finding.effect >= 2 * min_effect
+
+
 class OnlineDetector(Protocol):
     """Looks at each new run as it arrives against the series' recent history."""
 

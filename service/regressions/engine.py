@@ -13,7 +13,8 @@
   new level instead of raising a second alert.
 - :func:`scan` runs the offline change-point pass over every series; what it finds that no
   regression covers yet (:func:`.base.same_change`) is stored as ``open`` (its evidence already
-  spans several runs).
+  spans several runs). Where it finds an open regression's change one run off
+  (:func:`.base.relocates`), it moves that regression to its run pair (cause and group included).
 """
 
 from __future__ import annotations
@@ -215,12 +216,14 @@ class ScanReport:
     series: int
     findings: int
     created: list[int]
+    moved: list[int]  # open regressions whose first slower run (and cause) the scan corrected
 
 
 def scan(factory: sessionmaker[Session], settings: Settings) -> ScanReport:
     """The offline change-point pass over every series; stores what no regression covers yet."""
     detector = base.offline()
     created: list[int] = []
+    moved: list[int] = []
     findings = 0
     with factory() as session:
         keys = [
@@ -242,16 +245,25 @@ def scan(factory: sessionmaker[Session], settings: Settings) -> ScanReport:
                 continue
             position = {r.result_id: i for i, r in enumerate(runs)}
             medians = [r.median_us for r in runs]
-            existing = session.execute(
-                select(Regression.result_id, Regression.baseline_median_us, Regression.new_median_us).where(
-                    *_series_where(key), Regression.status != RegressionStatus.dismissed
-                )
+            existing = session.scalars(
+                select(Regression).where(*_series_where(key), Regression.status != RegressionStatus.dismissed)
             ).all()
-            taken = [(position[r], (b, n)) for r, b, n in existing if r in position]
+            taken = [(position[r.result_id], r) for r in existing if r.result_id in position]
             effect = settings.regression_min_effect
             for f in found:
                 levels = (f.baseline_median_us, f.new_median_us)
-                if any(base.same_change(i, lv, f.index, levels, medians, effect) for i, lv in taken):
+                same = [
+                    (i, r)
+                    for i, r in taken
+                    if base.same_change(
+                        i, (r.baseline_median_us, r.new_median_us), f.index, levels, medians, effect
+                    )
+                ]
+                if same:
+                    i, covering = same[0]
+                    if covering.status == RegressionStatus.open and base.relocates(i, f, effect):
+                        _relocate(covering, key, runs, f.index)
+                        moved.append(covering.id)
                     continue
                 new_run = runs[f.index]
                 cause = attribute(runs[f.index - 1], new_run)
@@ -275,8 +287,18 @@ def scan(factory: sessionmaker[Session], settings: Settings) -> ScanReport:
                 session.add(regression)
                 session.flush()
                 created.append(regression.id)
-                taken.append((f.index, levels))
-    return ScanReport(series=len(keys), findings=findings, created=created)
+                taken.append((f.index, regression))
+    return ScanReport(series=len(keys), findings=findings, created=created, moved=moved)
+
+
+def _relocate(regression: Regression, key: SeriesKey, runs: list[base.RunPoint], index: int) -> None:
+    """Move an open regression to the run pair the scan found around its change (and so its cause
+    and group)."""
+    before, first_slow = runs[index - 1], runs[index]
+    cause = attribute(before, first_slow)
+    regression.result_id, regression.baseline_result_id = first_slow.result_id, before.result_id
+    regression.cause, regression.group_key = cause, group_key(key.kernel, key.as_tuple(), cause)
+    logger.info("regression %s moved by the scan to result %s", regression.id, first_slow.result_id)
 
 
 def acknowledge(

@@ -66,6 +66,20 @@ class LevelShift:
         return float(np.exp(self.after - self.before) - 1.0)
 
 
+def cusum_stat(x: np.ndarray, min_segment: int) -> np.ndarray:
+    """|mean(left) - mean(right)| / sqrt(1/nl + 1/nr) for every split of each row of ``x``."""
+    m = x.shape[-1]
+    csum = np.cumsum(x, axis=-1)
+    total = csum[..., -1:]
+    taus = np.arange(min_segment, m - min_segment + 1)
+    left = csum[..., taus - 1]
+    nl = taus.astype(float)
+    nr = m - nl
+    diff = left / nl - (total - left) / nr
+    result: np.ndarray = np.abs(diff) / np.sqrt(1.0 / nl + 1.0 / nr)
+    return result
+
+
 def _diffs(x: np.ndarray, bounds: Sequence[tuple[int, int]]) -> np.ndarray:
     parts = [np.diff(x[a:b]) for a, b in bounds if b - a >= 2]
     return np.concatenate(parts) if parts else np.zeros(0)

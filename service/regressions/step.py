@@ -4,8 +4,7 @@ Each new run is checked against the runs since the series' baseline started (at 
 ``window``). The detector tries every split that puts the new run on the slower side and the change
 at most ``lookback`` runs back, and tests the two levels with :func:`.segments.level_shift` (a
 pooled run-to-run sigma with a prior, so two or three runs of history are enough, and medians, so
-an earlier bad run or a step already a few runs old does not hide the change). The split with the
-smallest p-value is the suspect when:
+an earlier bad run or a step already a few runs old does not hide the change). It is a suspect when:
 
 - the levels differ by at least ``min_effect`` and every run on the slower side is at least
   ``floor * min_effect`` slower than the faster level (one bad run among normal ones is no step);
@@ -30,7 +29,13 @@ import numpy as np
 from scipy import stats
 
 from kernelfleet.service.regressions.base import Finding, RunPoint, register_online
-from kernelfleet.service.regressions.segments import LevelShift, Prior, level_shift, slow_side_holds
+from kernelfleet.service.regressions.segments import (
+    LevelShift,
+    Prior,
+    cusum_stat,
+    level_shift,
+    slow_side_holds,
+)
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,7 @@ class StepDetector:
     alpha: float = 1e-2
     sample_alpha: float = 1e-3
     sample_runs: int = 3
-    confirm_alpha: float = 1e-3
+    confirm_alpha: float = 1.5e-3
     floor: float = 0.5  # every slower run is at least floor * min_effect above the faster level
     prior: Prior = field(default_factory=Prior)
 
@@ -53,10 +58,11 @@ class StepDetector:
         skip = max(0, len(history) - (self.window - 1))
         runs = [*history[skip:], new]
         x = np.array([p.log_median for p in runs], dtype=float)
+        stat = cusum_stat(x, 1)  # where the change is: the split whose means differ most
         best: LevelShift | None = None
         for tau in range(max(1, len(runs) - self.lookback), len(runs)):
             shift = self._shift(runs, x, tau, min_effect)
-            if shift is not None and (best is None or shift.p_value < best.p_value):
+            if shift is not None and (best is None or stat[tau - 1] > stat[best.tau - 1]):
                 best = shift
         if best is None or best.p_value >= self.alpha:
             return None
