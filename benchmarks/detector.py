@@ -415,6 +415,14 @@ def report(scores: dict[str, Score], corpus: list[Series], seed: int) -> str:
             + "".join(_cell([h for c in big for h in scores[n].caught.get(f"{c} {pos}", [])]).rjust(width)
                       for n in names)
         )
+    lines += ["", "attribution to the exact run pair".ljust(width + 8) + header]
+    for cat in SIZES:
+        lines.append(f"  {cat}".ljust(width + 8) + "".join(_cell(scores[n].exact_by.get(cat, [])).rjust(width)
+                                                          for n in names))
+    lines.append(
+        "  all steps >= 10%".ljust(width + 8)
+        + "".join(_cell([h for c in big for h in scores[n].exact_by.get(c, [])]).rjust(width) for n in names)
+    )
     lines += ["", "false alerts by series kind".ljust(width + 8) + header]
     for kind in sorted(kinds):
         lines.append(

@@ -113,8 +113,11 @@ class ChangePointDetector:
         for tau in taus:
             shift = level_shift(runs, tau, self.prior, x)
             floor = self.floor * min_effect
-            short_side_holds = fast_side_holds if head else slow_side_holds
-            if shift.effect < min_effect or not short_side_holds(x, shift, floor):
+            if head:
+                holds = fast_side_holds(x, shift, floor)
+            else:
+                holds = slow_side_holds(x, shift, floor, self.prior.pair_spread)
+            if shift.effect < min_effect or not holds:
                 continue
             if best is None or stat[tau - 1] > stat[best.tau - 1]:  # where the change is, by the means
                 best = shift

@@ -40,6 +40,8 @@ class Prior:
     sigma: float = 0.015  # log units (1.5 %)
     df: float = 8.0
     pair_clip: float = 2.0  # two slower runs: the slower counts at most this many sigmas above the other
+    pair_spread: float = 4.0  # two slower runs further apart than this many sigmas (+ half the step)
+    # are no one level
 
 
 def _level(x: np.ndarray, sigma: float, clip: float) -> float:
@@ -122,10 +124,16 @@ def level_shift(
     )
 
 
-def slow_side_holds(x: np.ndarray, shift: LevelShift, floor: float) -> bool:
+def slow_side_holds(x: np.ndarray, shift: LevelShift, floor: float, pair_spread: float = np.inf) -> bool:
     """Every run from ``tau`` on is at least ``floor`` (relative) slower than the faster level, so
-    a single bad run next to normal ones is no step."""
-    return bool(np.all(x[shift.tau :] >= shift.before + np.log1p(floor)))
+    a single bad run next to normal ones is no step; and two slower runs lie within
+    ``pair_spread`` sigmas plus half the step of each other (a spike next to a bad run is not one
+    new level)."""
+    slow = x[shift.tau :]
+    allowed = pair_spread * shift.sigma + (shift.after - shift.before) / 2
+    if len(slow) == 2 and abs(float(slow[1] - slow[0])) > allowed:
+        return False
+    return bool(np.all(slow >= shift.before + np.log1p(floor)))
 
 
 def fast_side_holds(x: np.ndarray, shift: LevelShift, floor: float) -> bool:

@@ -90,7 +90,8 @@ class StepDetector:
         self, runs: Sequence[RunPoint], x: np.ndarray, tau: int, min_effect: float
     ) -> LevelShift | None:
         shift = level_shift(runs, tau, self.prior, x)
-        if shift.effect < min_effect or not slow_side_holds(x, shift, self.floor * min_effect):
+        floor = self.floor * min_effect
+        if shift.effect < min_effect or not slow_side_holds(x, shift, floor, self.prior.pair_spread):
             return None
         return shift
 
