@@ -8,8 +8,7 @@ import numpy as np
 
 from kernelfleet.service.regressions import base
 from kernelfleet.service.regressions.attribution import attribute, describe, group_key
-from kernelfleet.service.regressions.base import same_change
-from kernelfleet.service.regressions.base import RunPoint
+from kernelfleet.service.regressions.base import RunPoint, same_change
 from kernelfleet.service.regressions.noise import baseline
 from kernelfleet.service.regressions.segments import Prior, level_shift
 
@@ -80,6 +79,11 @@ def test_confirmation_rule_reproduces_steps_and_dismisses_spikes() -> None:
     assert joint is not None and 0.5 < joint.effect < 0.65
     assert step.confirms(seen, suspect, run(100.5, rng), MIN_EFFECT) is None  # it was a one-off
     assert step.confirms(seen, suspect, run(101.5, rng), MIN_EFFECT) is None  # a spike, then normal
+    # a bad run (+7 %) whose re-run is a spike (+60 %) is not one new level either
+    bad = run(107.0, rng)
+    bad_suspect = step.check(history, bad, MIN_EFFECT)
+    assert bad_suspect is not None
+    assert step.confirms([*history, bad], bad_suspect, run(160.0, rng), MIN_EFFECT) is None
 
 
 def test_five_percent_step_is_confirmed_jointly_but_a_bad_run_is_not() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from test_regressions_api import CHIP, enroll, make_report, regressions, run_leased_job
+from test_regressions_api import enroll, make_report, regressions, run_leased_job
 
 SHAPE = "4096x4096"
 
