@@ -174,7 +174,7 @@ def settle_confirmation(session: Session, result: Result, rerun: base.RunPoint, 
     regression.new_median_us, regression.effect, regression.p_value = (
         joint.new_median_us, joint.effect, joint.p_value
     )
-    extended = _extends(session, key, regression, index)
+    extended = _extends(session, key, regression, index, past[0].result_id if past else None)
     if extended is not None:
         extended.new_median_us = joint.new_median_us
         extended.effect = joint.new_median_us / extended.baseline_median_us - 1.0
@@ -188,13 +188,15 @@ def settle_confirmation(session: Session, result: Result, rerun: base.RunPoint, 
     logger.info("regression %s confirmed by confirmation result %s", regression.id, result.id)
 
 
-def _extends(session: Session, key: SeriesKey, regression: Regression, index: int) -> Regression | None:
+def _extends(
+    session: Session, key: SeriesKey, regression: Regression, index: int, first_loaded: int | None
+) -> Regression | None:
     """The open regression this confirmed one continues: the series' baseline restarted at it (so
-    the runs since start there) no more than :data:`EXTEND_RUNS` runs before this one's first
-    slower run."""
+    the runs loaded, ``first_loaded`` on, start there) no more than :data:`EXTEND_RUNS` runs before
+    this one's first slower run (``index``)."""
     assert regression.result_id is not None
     start = reset_point(session, key, regression.result_id)
-    if start is None or index > EXTEND_RUNS:
+    if start is None or start != first_loaded or index > EXTEND_RUNS:
         return None
     earlier = session.scalars(
         select(Regression).where(*_series_where(key), Regression.result_id == start).order_by(Regression.id)
