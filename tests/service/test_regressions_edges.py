@@ -2,7 +2,8 @@
 KERNELFLEET_TEST_POSTGRES_URL, PostgreSQL): a step at a chip's third run is confirmed and alerted;
 one MLX upgrade that slows two chips, in series where every run has its own MLX version, is one
 grouped alert naming the exact version pair; a suspect on the newest run stays ``confirming``
-(through later runs and a scan) until its confirmation job reports."""
+(through later runs and a scan) until its confirmation job reports; a slowdown confirmed soon
+after an open regression extends it rather than raising a second alert."""
 
 from __future__ import annotations
 
@@ -110,4 +111,25 @@ def test_suspect_on_the_newest_run_survives_until_its_confirmation(coordinator: 
     [done] = regressions(coordinator)
     assert done["id"] == reg["id"] and done["status"] == "open" and 0.04 < done["effect"] < 0.08
     assert done["cause"] == {"mlx_version": ["0.32.3", "0.32.4"]}
+    worker.close()
+
+
+def test_a_slowdown_still_rising_extends_its_open_regression(coordinator: Any) -> None:
+    rng = np.random.default_rng(24)
+    steady = [make_report(SHAPE, 100.0 * (1 + 0.003 * np.sin(i)), rng=rng) for i in range(6)]
+    post_reports(coordinator, [*steady, make_report(SHAPE, 110.0, rng=rng)])
+    worker = enroll(coordinator)
+    run_leased_job(worker, make_report(SHAPE, 110.5, rng=rng))
+    [first] = regressions(coordinator, status="open")
+    # two runs later the series is slower again: once confirmed, that moves the open alert's new
+    # level instead of raising a second alert
+    post_reports(coordinator, [make_report(SHAPE, 120.0, rng=rng)])
+    [suspect] = regressions(coordinator, status="confirming")
+    run_leased_job(worker, make_report(SHAPE, 120.5, rng=rng))
+    [still] = regressions(coordinator, status="open")
+    assert still["id"] == first["id"] and still["new_median_us"] > first["new_median_us"] * 1.05
+    assert still["effect"] > first["effect"] + 0.05
+    [merged] = regressions(coordinator, status="dismissed")
+    assert merged["id"] == suspect["id"]
+    assert f"continues regression {first['id']}" in merged["acknowledged_note"]
     worker.close()
