@@ -1,14 +1,15 @@
 """Attribution: what changed between the last run before a change and the first run after it, and
 the alert group key.
 
-A cause is ``{attribute: [before, after]}`` for each attribute (MLX version, OS, driver, kernel
-source hash, chosen config, worker) whose value differs between exactly those two runs: the run
-just before the first slower run, and the first slower run. (Not the most common value of the
-baseline: where every run has its own MLX version, only that pair names the upgrade that did it.)
+A cause is ``{attribute: [before, after]}`` for each attribute (MLX version, source revision, OS,
+driver, kernel source hash, chosen config, worker) whose value differs between exactly those two
+runs: the run just before the first slower run, and the first slower run. (Not the most common
+value of the baseline: where every run has its own MLX version, only that pair names the upgrade
+that did it.)
 
-Regressions with the same environment-wide cause (the same MLX version pair, OS pair, driver pair,
-or the same kernel's source change) share one group key, so one cause that hits several chips (or
-shapes) is one alert; a regression with no such cause is grouped per series.
+Regressions with the same environment-wide cause (the same MLX version pair, source revision pair,
+OS pair, driver pair, or the same kernel's source change) share one group key, so one cause that
+hits several chips (or shapes) is one alert; a regression with no such cause is grouped per series.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from collections.abc import Mapping, Sequence
 from kernelfleet.service.regressions.base import ATTRIBUTES, RunPoint
 
 # attributes that change for a whole host or the whole fleet at once, so one cause may hit many chips
-SHARED_CAUSES = ("mlx_version", "os", "driver", "kernel_hash")
+SHARED_CAUSES = ("mlx_version", "revision", "os", "driver", "kernel_hash")
 GROUP_KEY_MAX = 256
-KNOWN_ONLY = ("worker",)
+KNOWN_ONLY = ("worker", "revision")  # runs that did not say are not a change
 
 
 def attribute(before: RunPoint, after: RunPoint) -> dict[str, list[str | None]]:

@@ -150,6 +150,9 @@ def test_attribution_and_group_keys() -> None:
     # a kernel source change groups per kernel; an unknown worker is not a change
     src = group_key("softmax", ("c", "softmax", "s", "d"), {"kernel_hash": ["a", "b"]})
     assert src == "kernel_hash=a->b;kernel=softmax"
+    # a source revision pair is fleet-wide too: the same pair on two chips is one group
+    rev = {"revision": ["aaa111", "bbb222"]}
+    assert group_key("rmsnorm", ("Apple M3", "rmsnorm", "s", "d"), rev) == "revision=aaa111->bbb222"
     unknown = RunPoint(median_us=120.0, attrs={"mlx_version": "0.32.3", "os": "macOS 15.1", "worker": None})
     assert attribute(before, unknown) == {}
     # every run its own MLX version: the cause is the pair around the change, not the most common
