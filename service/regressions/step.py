@@ -4,10 +4,14 @@ Each new run is checked against the runs since the series' baseline started (at 
 ``window``). The detector tries every split that puts the new run on the slower side and the change
 at most ``lookback`` runs back, and tests the two levels with :func:`.segments.level_shift` (a
 pooled run-to-run sigma with a prior, so two or three runs of history are enough, and medians, so
-an earlier bad run or a step already a few runs old does not hide the change). It is a suspect when:
+an earlier bad run or a step already a few runs old does not hide the change). Of the splits that
+pass the gates below, the one whose two means differ most is taken (CUSUM: the medians would not
+tell a high run just before a step from its first run). It is a suspect when:
 
 - the levels differ by at least ``min_effect`` and every run on the slower side is at least
-  ``floor * min_effect`` slower than the faster level (one bad run among normal ones is no step);
+  ``floor * min_effect`` slower than the faster level (one bad run among normal ones is no step),
+  and two slower runs lie within ``prior.pair_spread`` sigmas plus half the step of each other (a
+  spike next to a bad run is no level);
 - its p-value is below ``alpha``;
 - the new run's raw samples are shifted against those of the runs just before the change
   (one-sided Mann-Whitney U below ``sample_alpha``), so one odd median cannot carry it alone.
