@@ -68,6 +68,7 @@ class ScanOut(BaseModel):
     series: int
     findings: int
     created: list[int]
+    moved: list[int] = []  # open regressions moved to the run pair the scan found around their change
 
 
 def _out(row: Regression, group_size: int) -> RegressionOut:
@@ -143,4 +144,6 @@ def acknowledge(
 def scan(_: AdminDep, factory: DbDep, settings: SettingsDep) -> ScanOut:
     """Run the offline change-point pass over every series now."""
     report = engine.scan(factory, settings)
-    return ScanOut(series=report.series, findings=report.findings, created=report.created)
+    return ScanOut(
+        series=report.series, findings=report.findings, created=report.created, moved=report.moved
+    )

@@ -7,10 +7,11 @@ Modules
 - :mod:`.noise`       the noise model (run-to-run and within-run variance of run medians)
 - :mod:`.step`        the online step detector
 - :mod:`.changepoint` the offline change-point pass (binary segmentation, permutation test)
-- :mod:`.attribution` what changed between the baseline runs and the new run; the group key
+- :mod:`.segments`    the two-level test (pooled run-to-run sigma with a prior) both detectors use
+- :mod:`.attribution` what changed between the last run before a change and the first after; the group key
 - :mod:`.series`      loading a series' runs from the database
 - :mod:`.engine`      the result hook, confirmation handling, the scan and acknowledging
 
-:mod:`.base`, :mod:`.noise`, :mod:`.step`, :mod:`.changepoint` and :mod:`.attribution` need only
-numpy and scipy (the detector benchmark imports them without a database).
+:mod:`.base`, :mod:`.noise`, :mod:`.segments`, :mod:`.step`, :mod:`.changepoint` and
+:mod:`.attribution` need only numpy and scipy (the detector benchmark imports them without a database).
 """

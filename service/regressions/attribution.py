@@ -1,60 +1,42 @@
-"""Attribution: what changed between the baseline runs and the new run, and the alert group key.
+"""Attribution: what changed between the last run before a change and the first run after it, and
+the alert group key.
 
-A cause is ``{attribute: [before, after]}`` for each attribute of the new run (MLX version, OS,
-driver, kernel source hash, chosen config, worker) that differs from the value most of the
-reference runs had: for a step, the last runs still at the baseline level
-(:func:`reference_runs`); for a change point, the whole segment before it.
+A cause is ``{attribute: [before, after]}`` for each attribute (MLX version, source revision, OS,
+driver, kernel source hash, chosen config, worker) whose value differs between exactly those two
+runs: the run just before the first slower run, and the first slower run. (Not the most common
+value of the baseline: where every run has its own MLX version, only that pair names the upgrade
+that did it.)
 
-Regressions with the same environment-wide cause (MLX version, OS, driver, or the same kernel's
-source change) share one group key, so one cause that hits several
-chips (or shapes) is one alert; a regression with no such cause is grouped per series.
+Regressions with the same environment-wide cause (the same MLX version pair, source revision pair,
+OS pair, driver pair, or the same kernel's source change) share one group key, so one cause that
+hits several chips (or shapes) is one alert; a regression with no such cause is grouped per series.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
 from collections.abc import Mapping, Sequence
-
-import numpy as np
 
 from kernelfleet.service.regressions.base import ATTRIBUTES, RunPoint
 
 # attributes that change for a whole host or the whole fleet at once, so one cause may hit many chips
-SHARED_CAUSES = ("mlx_version", "os", "driver", "kernel_hash")
+SHARED_CAUSES = ("mlx_version", "revision", "os", "driver", "kernel_hash")
 GROUP_KEY_MAX = 256
 KNOWN_ONLY = ("worker", "revision")  # runs that did not say are not a change
 
 
-def reference_runs(history: Sequence[RunPoint], min_effect: float, last: int = 3) -> list[RunPoint]:
-    """The latest ``last`` runs of ``history`` still at the baseline level (a step that the online
-    detector caught a few runs late has slow runs at the end of its history: what changed is what
-    differs from the runs before those)."""
-    if not history:
-        return []
-    logs = np.array([p.log_median for p in history])
-    cutoff = float(np.median(logs)) + float(np.log1p(min_effect / 2))
-    normal = [p for p in history if p.log_median <= cutoff]
-    return (normal or list(history))[-last:]
-
-
-def attribute(baseline: Sequence[RunPoint], new: RunPoint) -> dict[str, list[str | None]]:
-    """``{attribute: [baseline value, new value]}`` for every attribute whose value in ``new``
-    differs from the one most of the baseline runs had."""
-    recent = list(baseline)
+def attribute(before: RunPoint, after: RunPoint) -> dict[str, list[str | None]]:
+    """``{attribute: [value in before, value in after]}`` for every attribute recorded for both
+    runs whose value differs."""
     cause: dict[str, list[str | None]] = {}
     for name in ATTRIBUTES:
-        if name not in new.attrs:
+        if name not in after.attrs or name not in before.attrs:
             continue
-        values = Counter(p.attrs.get(name) for p in recent if name in p.attrs)
-        if not values:
-            continue
-        before = values.most_common(1)[0][0]
-        after = new.attrs.get(name)
-        if name in KNOWN_ONLY and (before is None or after is None):
+        old, new = before.attrs.get(name), after.attrs.get(name)
+        if name in KNOWN_ONLY and (old is None or new is None):
             continue  # e.g. imported runs have no worker: unknown is not a change
-        if after != before:
-            cause[name] = [before, after]
+        if new != old:
+            cause[name] = [old, new]
     return cause
 
 

@@ -50,6 +50,47 @@ class Finding:
     baseline_indices: tuple[int, ...] = ()  # the runs the baseline was computed from
 
 
+def same_change(
+    alert: int,
+    alert_levels: tuple[float, float],
+    finding: int,
+    finding_levels: tuple[float, float],
+    medians: Sequence[float],
+    min_effect: float,
+    near: int = 2,
+    late: int = 10,
+) -> bool:
+    """Whether an existing alert (first slower run, (baseline, new) medians) already covers a scan
+    finding in the same runs (``medians``, one per run):
+
+    - they are at most ``near`` runs apart;
+    - the alert came up to ``late`` runs after the finding from at least the finding's baseline
+      level (the online detector saw the change, or the rest of a ramp, a few runs late);
+    - the alert came up to ``late`` runs before the finding and the runs in between (after the
+      alert's own suspect and confirmation) stayed slower than the alert's baseline (the slowdown
+      it reported went on rising).
+
+    A false alert that the runs after it contradicted (they went back to its baseline) covers
+    nothing after it, so it does not hide a real step nearby."""
+    gap = alert - finding
+    if abs(gap) <= near:
+        return True
+    tolerance = float(np.log1p(min_effect / 2))
+    if 0 < gap <= late:
+        return float(np.log(alert_levels[0] / finding_levels[0])) >= -tolerance
+    if 0 < -gap <= late:  # the runs after the alert's own two (suspect and confirmation)
+        between = np.log(np.asarray(medians[alert + 2 : finding], dtype=float))
+        return bool(np.median(between) >= np.log(alert_levels[0]) + tolerance)
+    return False
+
+
+def relocates(alert: int, finding: Finding, min_effect: float = 0.03) -> bool:
+    """Whether the scan's ``finding`` of the same change moves an alert's first slower run: one run
+    off, for a change of at least twice ``min_effect`` (the online detector, seeing only runs
+    before it, can take a high run just before a step for its start; the scan sees both sides)."""
+    return abs(alert - finding.index) == 1 and finding.effect >= 2 * min_effect
+
+
 class OnlineDetector(Protocol):
     """Looks at each new run as it arrives against the series' recent history."""
 
@@ -61,8 +102,10 @@ class OnlineDetector(Protocol):
 
     def confirms(
         self, history: Sequence[RunPoint], suspect: Finding, rerun: RunPoint, min_effect: float
-    ) -> bool:
-        """Whether a confirmation re-run reproduces ``suspect`` (same baseline ``history``)."""
+    ) -> Finding | None:
+        """The suspect re-estimated with its confirmation re-run when that reproduces it, else None.
+        ``history``: the runs since the baseline started up to the re-run, the suspect's slower runs
+        (from ``suspect.index`` on) and any stored since included."""
         ...
 
 

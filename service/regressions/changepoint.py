@@ -10,7 +10,16 @@ into an earlier and a later level. The pass:
 3. accepts it when a permutation test (the segment's runs shuffled ``permutations`` times) gives
    p below ``p_threshold`` *and* the medians on both sides differ by at least ``min_effect``;
 4. recurses into both sides (binary segmentation), with at least ``min_segment`` runs per side;
-5. merges consecutive slower splits less than ``merge_within`` runs apart (a ramp is cut into
+5. moves each cut by up to ``refine_runs`` runs to where the CUSUM statistic between its
+   neighbouring cuts is largest (the split in 2. cannot cut closer than
+   ``min_segment`` runs to an end, so a step at the third-last run is first cut a run early);
+6. looks for a change near either end, which the split above cannot reach (it needs ``min_segment``
+   runs on each side): in the first segment, a faster level of 1 to ``edge_runs`` runs; in the last,
+   a slower level of 2 to ``edge_runs`` runs (one run alone at the end is the online detector's
+   suspect, settled by its confirmation re-run). These use :func:`.segments.level_shift` with the
+   stricter ``edge_alpha``, and every run of the short side must clear the other level's median by
+   ``floor * min_effect``, so a bad run or two next to the end cannot make a step;
+7. merges consecutive slower splits less than ``merge_within`` runs apart (a ramp is cut into
    several steps) into one finding, from the level before the first to the level after the last.
 
 Findings whose level rose by at least ``min_effect`` are reported. The permutation generator is seeded,
@@ -20,27 +29,21 @@ so a scan of the same data gives the same answer.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.ndimage import median_filter
 
 from kernelfleet.service.regressions.base import Finding, RunPoint, register_offline
 from kernelfleet.service.regressions.noise import MAD_TO_SIGMA, SCALE_FLOOR
-
-
-def _cusum_stat(x: np.ndarray, min_segment: int) -> np.ndarray:
-    """|mean(left) - mean(right)| / sqrt(1/nl + 1/nr) for every split of each row of ``x``."""
-    m = x.shape[-1]
-    csum = np.cumsum(x, axis=-1)
-    total = csum[..., -1:]
-    taus = np.arange(min_segment, m - min_segment + 1)
-    left = csum[..., taus - 1]
-    nl = taus.astype(float)
-    nr = m - nl
-    diff = left / nl - (total - left) / nr
-    result: np.ndarray = np.abs(diff) / np.sqrt(1.0 / nl + 1.0 / nr)
-    return result
+from kernelfleet.service.regressions.segments import (
+    LevelShift,
+    Prior,
+    cusum_stat,
+    fast_side_holds,
+    level_shift,
+    slow_side_holds,
+)
 
 
 @dataclass(frozen=True)
@@ -52,12 +55,17 @@ class ChangePointDetector:
     clip_sigmas: float = 3.0
     seed: int = 20261126
     merge_within: int = 15  # runs: slower steps closer than this are one (gradual) change
+    refine_runs: int = 2  # a cut may move this far to where the change is clearest
+    edge_runs: int = 4  # a change this close to either end is looked for by the edge test
+    edge_alpha: float = 1.5e-3
+    floor: float = 0.5
+    prior: Prior = field(default_factory=Prior)
 
     def scan(self, runs: Sequence[RunPoint], min_effect: float) -> list[Finding]:
         raw = np.array([p.log_median for p in runs], dtype=float)
-        if len(raw) < 2 * self.min_segment:
+        if len(raw) < 3:
             return []
-        x = self._tame(raw)
+        x = self._tame(raw) if len(raw) >= 2 * self.min_segment else raw
         rng = np.random.default_rng(self.seed)
         cuts: list[tuple[int, float]] = []
         stack = [(0, len(x))]
@@ -68,7 +76,52 @@ class ChangePointDetector:
                 continue
             cuts.append((a + split[0], split[1]))
             stack.extend([(a, a + split[0]), (a + split[0], b)])
+        cuts = self._refine(x, sorted(cuts))
+        first_end = cuts[0][0] if cuts else len(raw)
+        last_start = cuts[-1][0] if cuts else 0
+        for a, b, head in ((0, first_end, True), (last_start, len(raw), False)):
+            edge = self._edge_split(runs[a:b], raw[a:b], head, min_effect)
+            if edge is not None and all(abs(c - (a + edge.tau)) > self.refine_runs for c, _ in cuts):
+                cuts.append((a + edge.tau, edge.p_value))
         return self._findings(raw, sorted(cuts), min_effect)
+
+    def _refine(self, x: np.ndarray, cuts: list[tuple[int, float]]) -> list[tuple[int, float]]:
+        """Each cut moved (by at most ``refine_runs``, between its neighbours) to where the difference
+        of the (tamed) levels between its neighbouring cuts is largest: the split above cannot cut
+        closer than ``min_segment`` runs to an end, so a change at the third-last run is first cut a
+        run early."""
+        out: list[tuple[int, float]] = []
+        for i, (cut, p) in enumerate(cuts):
+            a = out[-1][0] if out else 0
+            b = cuts[i + 1][0] if i + 1 < len(cuts) else len(x)
+            taus = range(max(a + 1, cut - self.refine_runs), min(b - 1, cut + self.refine_runs) + 1)
+            if len(taus) > 1:
+                stat = cusum_stat(x[a:b], 1)  # one value per split a+1 .. b-1
+                cut = max(taus, key=lambda t: stat[t - a - 1])
+            out.append((cut, p))
+        return out
+
+    def _edge_split(
+        self, runs: Sequence[RunPoint], x: np.ndarray, head: bool, min_effect: float
+    ) -> LevelShift | None:
+        """The most significant slowdown with a short faster side at the head of ``runs``
+        (``head``) or a short slower side at its tail."""
+        m = len(x)
+        taus = range(1, min(self.edge_runs, m - 2) + 1) if head else range(max(1, m - self.edge_runs), m - 1)
+        stat = cusum_stat(x, 1)
+        best: LevelShift | None = None
+        for tau in taus:
+            shift = level_shift(runs, tau, self.prior, x)
+            floor = self.floor * min_effect
+            if head:
+                holds = fast_side_holds(x, shift, floor)
+            else:
+                holds = slow_side_holds(x, shift, floor, self.prior.pair_spread)
+            if shift.effect < min_effect or not holds:
+                continue
+            if best is None or stat[tau - 1] > stat[best.tau - 1]:  # where the change is, by the means
+                best = shift
+        return best if best is not None and best.p_value < self.edge_alpha else None
 
     def _findings(self, raw: np.ndarray, cuts: list[tuple[int, float]], min_effect: float) -> list[Finding]:
         """One finding per slowdown: consecutive slower cuts with short segments between them (a ramp
@@ -120,13 +173,13 @@ class ChangePointDetector:
         m = len(x)
         if m < 2 * self.min_segment:
             return None
-        observed = _cusum_stat(x, self.min_segment)
+        observed = cusum_stat(x, self.min_segment)
         tau = int(np.argmax(observed)) + self.min_segment
         effect = float(np.exp(np.median(raw[tau:]) - np.median(raw[:tau])) - 1.0)
         if abs(effect) < min_effect:
             return None
         shuffled = rng.permuted(np.broadcast_to(x, (self.permutations, m)), axis=1)
-        null_max = _cusum_stat(shuffled, self.min_segment).max(axis=1)
+        null_max = cusum_stat(shuffled, self.min_segment).max(axis=1)
         p = float((1 + np.count_nonzero(null_max >= observed.max())) / (self.permutations + 1))
         if p >= self.p_threshold:
             return None

@@ -1,13 +1,20 @@
 """Regression detection in the coordinator: the result hook, confirmations, the scan, acknowledging.
 
 - Each stored result (:func:`on_result`, registered with :mod:`kernelfleet.service.hooks`) is
-  checked by the online detector against its series' recent history. A suspect becomes a
-  regression in status ``confirming`` together with a ``confirm`` job targeted at that exact chip
-  and backend, in one transaction.
-- When that confirm job's result arrives, the regression becomes ``open`` if the re-run reproduces
-  the slowdown against the same baseline, else ``dismissed``.
+  checked by the online detector against its series' runs since the baseline started. A suspect
+  becomes a regression in status ``confirming`` together with a ``confirm`` job targeted at that
+  exact chip and backend, in one transaction. The regression names the first slower run (which
+  may be a few runs before the newest) and the run just before it, and its cause is what changed
+  between those two runs. While it waits, the series raises no other suspect.
+- When that confirm job's result arrives, the suspect's slower runs (and any run stored since) and
+  the re-run are tested together against the same baseline: reproduced, the regression becomes
+  ``open`` with the joint effect; else ``dismissed``. A slowdown confirmed within
+  :data:`EXTEND_RUNS` runs after an open regression of the series (a ramp) moves that regression's
+  new level instead of raising a second alert.
 - :func:`scan` runs the offline change-point pass over every series; what it finds that no
-  regression covers yet is stored as ``open`` (its evidence already spans several runs).
+  regression covers yet (:func:`.base.same_change`) is stored as ``open`` (its evidence already
+  spans several runs). Where it finds an open regression's change one run off
+  (:func:`.base.relocates`), it moves that regression to its run pair (cause and group included).
 """
 
 from __future__ import annotations
@@ -24,8 +31,8 @@ from kernelfleet.service.errors import Conflict, NotFound
 from kernelfleet.service.hooks import on_result_stored
 from kernelfleet.service.models import Backend, Job, JobKind, JobState, Regression, RegressionStatus, Result
 from kernelfleet.service.regressions import base
-from kernelfleet.service.regressions.attribution import attribute, group_key, reference_runs
-from kernelfleet.service.regressions.series import SeriesKey, history, load_runs, to_run
+from kernelfleet.service.regressions.attribution import attribute, group_key
+from kernelfleet.service.regressions.series import SeriesKey, history, load_runs, reset_point, to_run
 from kernelfleet.service.settings import Settings, get_settings
 from kernelfleet.service.targets import target_id
 
@@ -33,7 +40,8 @@ logger = logging.getLogger(__name__)
 
 SCAN_LOCK = 0x6B66_7265  # PostgreSQL advisory lock id for the scan ("kfre")
 SCAN_RUNS = 200  # runs per series the scan looks at
-COVER_RUNS = 10  # a finding this close to an existing regression is the same change
+EXTEND_RUNS = 6  # a slowdown confirmed this soon after an open regression extends it
+CONFIRM_RUNS = 60  # runs loaded to settle a confirmation (the suspect's baseline and slower runs)
 
 
 def exact_chip_pattern(chip: str) -> str:
@@ -89,7 +97,9 @@ def check_run(session: Session, result: Result, run: base.RunPoint, settings: Se
     finding = base.online().check(past, run, settings.regression_min_effect)
     if finding is None:
         return None
-    cause = attribute(reference_runs(past, settings.regression_min_effect), run)
+    runs = [*past, run]
+    before, first_slow = runs[finding.index - 1], runs[finding.index]
+    cause = attribute(before, first_slow)
     chip_pattern = exact_chip_pattern(result.chip)
     job = Job(
         kind=JobKind.confirm,
@@ -119,8 +129,8 @@ def check_run(session: Session, result: Result, run: base.RunPoint, settings: Se
         effect=finding.effect,
         p_value=finding.p_value,
         cause=cause,
-        baseline_result_id=past[-1].result_id,
-        result_id=result.id,
+        baseline_result_id=before.result_id,
+        result_id=first_slow.result_id,
         confirm_job_id=job.id,
     )
     session.add(regression)
@@ -145,23 +155,53 @@ def settle_confirmation(session: Session, result: Result, rerun: base.RunPoint, 
     if regression is None or regression.result_id is None:
         return  # acknowledged meanwhile, or not ours
     key = SeriesKey.of(regression)
-    past = history(session, key, regression.result_id, settings.regression_history_runs)
+    # the baseline and the suspect's slower runs, plus whatever the series stored since
+    past = history(session, key, result.id, CONFIRM_RUNS)
+    index = next((i for i, p in enumerate(past) if p.result_id == regression.result_id), 0)
     suspect = base.Finding(
         detector=regression.detector,
-        index=len(past),
+        index=index,
         baseline_median_us=regression.baseline_median_us,
         new_median_us=regression.new_median_us,
         effect=regression.effect,
         p_value=regression.p_value or 0.0,
     )
-    reproduced = base.online().confirms(past, suspect, rerun, settings.regression_min_effect)
-    regression.status = RegressionStatus.open if reproduced else RegressionStatus.dismissed
-    logger.info(
-        "regression %s %s by confirmation result %s",
-        regression.id,
-        "confirmed" if reproduced else "dismissed",
-        result.id,
+    joint = base.online().confirms(past, suspect, rerun, settings.regression_min_effect)
+    if joint is None:
+        regression.status = RegressionStatus.dismissed
+        logger.info("regression %s dismissed by confirmation result %s", regression.id, result.id)
+        return
+    regression.new_median_us, regression.effect, regression.p_value = (
+        joint.new_median_us, joint.effect, joint.p_value
     )
+    extended = _extends(session, key, regression, index, past[0].result_id if past else None)
+    if extended is not None:
+        extended.new_median_us = joint.new_median_us
+        extended.effect = joint.new_median_us / extended.baseline_median_us - 1.0
+        regression.status = RegressionStatus.dismissed
+        regression.acknowledged_note = (
+            f"continues regression {extended.id} (the slowdown kept rising): its new level was updated"
+        )
+        logger.info("regression %s extends regression %s", regression.id, extended.id)
+        return
+    regression.status = RegressionStatus.open
+    logger.info("regression %s confirmed by confirmation result %s", regression.id, result.id)
+
+
+def _extends(
+    session: Session, key: SeriesKey, regression: Regression, index: int, first_loaded: int | None
+) -> Regression | None:
+    """The open regression this confirmed one continues: the series' baseline restarted at it (so
+    the runs loaded, ``first_loaded`` on, start there) no more than :data:`EXTEND_RUNS` runs before
+    this one's first slower run (``index``)."""
+    assert regression.result_id is not None
+    start = reset_point(session, key, regression.result_id)
+    if start is None or start != first_loaded or index > EXTEND_RUNS:
+        return None
+    earlier = session.scalars(
+        select(Regression).where(*_series_where(key), Regression.result_id == start).order_by(Regression.id)
+    ).first()
+    return earlier if earlier is not None and earlier.status == RegressionStatus.open else None
 
 
 def _series_where(key: SeriesKey) -> tuple[ColumnElement[bool], ...]:
@@ -178,12 +218,14 @@ class ScanReport:
     series: int
     findings: int
     created: list[int]
+    moved: list[int]  # open regressions whose first slower run (and cause) the scan corrected
 
 
 def scan(factory: sessionmaker[Session], settings: Settings) -> ScanReport:
     """The offline change-point pass over every series; stores what no regression covers yet."""
     detector = base.offline()
     created: list[int] = []
+    moved: list[int] = []
     findings = 0
     with factory() as session:
         keys = [
@@ -204,17 +246,29 @@ def scan(factory: sessionmaker[Session], settings: Settings) -> ScanReport:
             if not found:
                 continue
             position = {r.result_id: i for i, r in enumerate(runs)}
+            medians = [r.median_us for r in runs]
             existing = session.scalars(
-                select(Regression.result_id).where(
-                    *_series_where(key), Regression.status != RegressionStatus.dismissed
-                )
+                select(Regression).where(*_series_where(key), Regression.status != RegressionStatus.dismissed)
             ).all()
-            taken = [position[r] for r in existing if r in position]
+            taken = [(position[r.result_id], r) for r in existing if r.result_id in position]
+            effect = settings.regression_min_effect
             for f in found:
-                if any(abs(f.index - i) <= COVER_RUNS for i in taken):
+                levels = (f.baseline_median_us, f.new_median_us)
+                same = [
+                    (i, r)
+                    for i, r in taken
+                    if base.same_change(
+                        i, (r.baseline_median_us, r.new_median_us), f.index, levels, medians, effect
+                    )
+                ]
+                if same:
+                    i, covering = same[0]
+                    if covering.status == RegressionStatus.open and base.relocates(i, f, effect):
+                        _relocate(covering, key, runs, f.index)
+                        moved.append(covering.id)
                     continue
                 new_run = runs[f.index]
-                cause = attribute([runs[i] for i in f.baseline_indices], new_run)
+                cause = attribute(runs[f.index - 1], new_run)
                 regression = Regression(
                     group_key=group_key(key.kernel, key.as_tuple(), cause),
                     kernel=key.kernel,
@@ -235,8 +289,18 @@ def scan(factory: sessionmaker[Session], settings: Settings) -> ScanReport:
                 session.add(regression)
                 session.flush()
                 created.append(regression.id)
-                taken.append(f.index)
-    return ScanReport(series=len(keys), findings=findings, created=created)
+                taken.append((f.index, regression))
+    return ScanReport(series=len(keys), findings=findings, created=created, moved=moved)
+
+
+def _relocate(regression: Regression, key: SeriesKey, runs: list[base.RunPoint], index: int) -> None:
+    """Move an open regression to the run pair the scan found around its change (and so its cause
+    and group)."""
+    before, first_slow = runs[index - 1], runs[index]
+    cause = attribute(before, first_slow)
+    regression.result_id, regression.baseline_result_id = first_slow.result_id, before.result_id
+    regression.cause, regression.group_key = cause, group_key(key.kernel, key.as_tuple(), cause)
+    logger.info("regression %s moved by the scan to result %s", regression.id, first_slow.result_id)
 
 
 def acknowledge(

@@ -1,74 +1,118 @@
-"""The online step detector: is the new run slower than the series' recent history?
+"""The online step detector: did the series get slower in its last few runs?
 
-A new run is *suspect* when all of these hold:
-- its median is slower than the history's robust center by at least ``min_effect``;
-- the run-level test (:mod:`.noise`: run-to-run variance of the history's medians, the new run's
-  own within-run error, t tails) puts it below ``alpha``;
-- its raw samples are shifted against the raw samples of the most recent history runs
+Each new run is checked against the runs since the series' baseline started (at most the last
+``window``). The detector tries every split that puts the new run on the slower side and the change
+at most ``lookback`` runs back, and tests the two levels with :func:`.segments.level_shift` (a
+pooled run-to-run sigma with a prior, so two or three runs of history are enough, and medians, so
+an earlier bad run or a step already a few runs old does not hide the change). Of the splits that
+pass the gates below, the one whose two means differ most is taken (CUSUM: the medians would not
+tell a high run just before a step from its first run). It is a suspect when:
+
+- the levels differ by at least ``min_effect`` and every run on the slower side is at least
+  ``floor * min_effect`` slower than the faster level (one bad run among normal ones is no step),
+  and two slower runs lie within ``prior.pair_spread`` sigmas plus half the step of each other (a
+  spike next to a bad run is no level);
+- its p-value is below ``alpha``;
+- the new run's raw samples are shifted against those of the runs just before the change
   (one-sided Mann-Whitney U below ``sample_alpha``), so one odd median cannot carry it alone.
 
-A suspect is not an alert: the coordinator queues a confirmation re-run on the same chip, and the
-regression opens only when :meth:`StepDetector.confirms` accepts that re-run (at least
-``confirm_fraction`` of the suspect's effect, and beyond the noise at ``confirm_alpha``).
+The suspect names the first slower run (``Finding.index``), so attribution compares that run with
+the one just before it. A suspect is not an alert: the coordinator queues a confirmation re-run,
+and :meth:`StepDetector.confirms` tests the suspect's slower runs *and* the re-run together as
+one level against the same faster level (joint effect and joint p-value below
+``confirm_alpha``), with the same every-run floor, so a 5 % step whose re-run lands at +2.5 % is
+still confirmed while a spike or a single bad run is not.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy import stats
 
 from kernelfleet.service.regressions.base import Finding, RunPoint, register_online
-from kernelfleet.service.regressions.noise import baseline
+from kernelfleet.service.regressions.segments import (
+    LevelShift,
+    Prior,
+    cusum_stat,
+    level_shift,
+    slow_side_holds,
+)
 
 
 @dataclass(frozen=True)
 class StepDetector:
     name: str = "step"
-    min_history: int = 5
-    alpha: float = 1e-3
+    min_history: int = 2
+    lookback: int = 4  # the change may be this many runs old (the newest run included)
+    window: int = 14  # runs tested at once (at most window - lookback before the change): a slow
+    # drift over a longer history is the scan's to find, not a step
+    alpha: float = 1e-2
     sample_alpha: float = 1e-3
     sample_runs: int = 3
-    confirm_alpha: float = 1e-2
-    confirm_fraction: float = 0.5
+    confirm_alpha: float = 1.5e-3
+    floor: float = 0.5  # every slower run is at least floor * min_effect above the faster level
+    prior: Prior = field(default_factory=Prior)
 
     def check(self, history: Sequence[RunPoint], new: RunPoint, min_effect: float) -> Finding | None:
         if len(history) < self.min_history:
             return None
-        base = baseline(history)
-        effect = base.effect(new.median_us)
-        if effect < min_effect:
+        skip = max(0, len(history) - (self.window - 1))
+        runs = [*history[skip:], new]
+        x = np.array([p.log_median for p in runs], dtype=float)
+        stat = cusum_stat(x, 1)  # where the change is: the split whose means differ most
+        best: LevelShift | None = None
+        for tau in range(max(1, len(runs) - self.lookback), len(runs)):
+            shift = self._shift(runs, x, tau, min_effect)
+            if shift is not None and (best is None or stat[tau - 1] > stat[best.tau - 1]):
+                best = shift
+        if best is None or best.p_value >= self.alpha:
             return None
-        p = base.p_slower(new.log_median, new.median_se)
-        if p >= self.alpha:
+        if not self._samples_shifted(runs[: best.tau], new):
             return None
-        if not self._samples_shifted(history, new):
-            return None
-        return Finding(
-            detector=self.name,
-            index=len(history),
-            baseline_median_us=base.median_us,
-            new_median_us=new.median_us,
-            effect=effect,
-            p_value=p,
-            baseline_indices=tuple(range(len(history))),
-        )
+        return self._finding(best, skip)
 
     def confirms(
         self, history: Sequence[RunPoint], suspect: Finding, rerun: RunPoint, min_effect: float
-    ) -> bool:
-        if not history:
-            return False
-        base = baseline(history)
-        effect = base.effect(rerun.median_us)
-        if effect < max(min_effect, self.confirm_fraction * suspect.effect):
-            return False
-        return base.p_slower(rerun.log_median, rerun.median_se) < self.confirm_alpha
+    ) -> Finding | None:
+        """``history``: the runs since the baseline started up to the re-run (the suspect's slower
+        runs from ``suspect.index`` on included); ``rerun``: the confirmation run. The joint
+        finding when the slower runs and the re-run together clear ``confirm_alpha``."""
+        if not 0 < suspect.index <= len(history):
+            return None
+        skip = max(0, suspect.index - (self.window - self.lookback))
+        runs = [*history[skip:], rerun]
+        x = np.array([p.log_median for p in runs], dtype=float)
+        best = self._shift(runs, x, suspect.index - skip, min_effect)
+        if best is None or best.p_value >= self.confirm_alpha:
+            return None
+        return self._finding(best, skip)
 
-    def _samples_shifted(self, history: Sequence[RunPoint], new: RunPoint) -> bool:
-        recent = [p.samples_us for p in history[-self.sample_runs :] if p.samples_us]
+    def _shift(
+        self, runs: Sequence[RunPoint], x: np.ndarray, tau: int, min_effect: float
+    ) -> LevelShift | None:
+        shift = level_shift(runs, tau, self.prior, x)
+        floor = self.floor * min_effect
+        if shift.effect < min_effect or not slow_side_holds(x, shift, floor, self.prior.pair_spread):
+            return None
+        return shift
+
+    def _finding(self, shift: LevelShift, skip: int) -> Finding:
+        """The finding of ``shift`` in runs from which the first ``skip`` were left out."""
+        return Finding(
+            detector=self.name,
+            index=skip + shift.tau,
+            baseline_median_us=float(np.exp(shift.before)),
+            new_median_us=float(np.exp(shift.after)),
+            effect=shift.effect,
+            p_value=shift.p_value,
+            baseline_indices=tuple(range(skip, skip + shift.tau)),
+        )
+
+    def _samples_shifted(self, before: Sequence[RunPoint], new: RunPoint) -> bool:
+        recent = [p.samples_us for p in before[-self.sample_runs :] if p.samples_us]
         if not new.samples_us or not recent:
             return True  # capped samples: the run-level test stands alone
         pooled = np.concatenate([np.asarray(s, dtype=float) for s in recent])
