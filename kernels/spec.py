@@ -132,6 +132,8 @@ class KernelSpec:
     default: Callable[[Shape, str], Config] | None = None
     # indices of outputs that must match the reference exactly (e.g. top-k expert indices)
     exact_outputs: tuple[int, ...] = ()
+    # the GPU backends whose workers offer the custom configs (zmlx's kernels: Metal only)
+    backends: tuple[GpuBackend, ...] = ("metal", "cuda")
 
     def tolerance(self, dtype: str) -> Tolerance:
         return self.tolerances[dtype]

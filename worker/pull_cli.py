@@ -78,7 +78,8 @@ def pull_command(
         z = result.zmlx
         out.print(
             f"zmlx cache: {z.written} entries under {z.device_key} -> {z.path} "
-            f"({z.kept_devices} other device(s) kept)",
+            f"({z.zmlx_kernels} for zmlx's own kernels, {z.written - z.zmlx_kernels} for KernelFleet's; "
+            f"{z.kept_devices} other device(s) kept)",
             highlight=False,
         )
         if z.backup is not None:

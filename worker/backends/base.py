@@ -28,7 +28,8 @@ class Backend(ABC):
     ``candidates`` lists the configs to try, the built-in first; ``build`` turns one into a
     callable: the built-in as users call it, a custom kernel as one ``mx.compile``d graph
     (:func:`~kernelfleet.kernels.launch.compiled_call`), as the runtime runs both. A backend without
-    custom kernels (cpu) offers the built-in only.
+    custom kernels (cpu) offers the built-in only, and so does a backend a spec's custom kernels
+    do not run on (``spec.backends``: zmlx's kernels are Metal-only).
     """
 
     name: str
@@ -48,7 +49,7 @@ class Backend(ABC):
     def candidates(self, spec: KernelSpec, shape: Shape, dtype: str) -> list[Config]:
         """The built-in plus every valid custom config (deduplicated, in the spec's order)."""
         out: list[Config] = [dict(BUILTIN)]
-        if self.supports_custom_kernels:
+        if self.supports_custom_kernels and self.name in spec.backends:
             seen = {"builtin"}
             for config in spec.space(shape, dtype):
                 key = config_key(config)
@@ -63,6 +64,9 @@ class Backend(ABC):
             return spec.builtin
         if not self.supports_custom_kernels:
             raise BackendError(f"the {self.name} backend runs only the built-in, not {config_key(config)}")
+        if self.name not in spec.backends:
+            raise BackendError(f"{spec.name}'s custom kernels run on {', '.join(spec.backends)} only, "
+                               f"not {self.name}")
         return compiled_call(spec.build(config, self.name, shape, dtype))
 
     def __repr__(self) -> str:

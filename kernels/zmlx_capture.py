@@ -1,0 +1,122 @@
+"""Capture the launches zmlx's own functions make, without running them.
+
+zmlx launches every kernel through ``zmlx.metal.MetalKernel.__call__``, which fills in defaults
+(grid, threadgroup, output shapes) and then calls the ``mx.fast.metal_kernel`` object it built.
+Off a Mac, building that object works and calling it raises "No Metal back-end". Inside
+:func:`capture`, the call reaches a recorder instead of the ``mx.fast`` object: it keeps exactly the
+arguments zmlx hands to MLX (and the kernel's name, source and header) and returns zeros of the
+declared output shapes and dtypes, so the zmlx function runs to completion on any machine.
+
+Only launches made in the capturing context are recorded (a ContextVar); zmlx's class is patched
+while at least one capture is open and restored afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+
+
+class ZmlxMissing(ImportError):
+    """zmlx is not installed: ``pip install 'kernelfleet[zmlx]'``."""
+
+
+def import_zmlx_metal() -> Any:
+    try:
+        import zmlx.metal as zm
+    except ImportError as e:
+        raise ZmlxMissing("zmlx is not installed; install it with: pip install 'kernelfleet[zmlx]'") from e
+    return zm
+
+
+@dataclass(frozen=True)
+class ZmlxLaunch:
+    """One zmlx launch as MLX would receive it."""
+
+    name: str
+    source: str
+    header: str
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    ensure_row_contiguous: bool
+    atomic_outputs: bool
+    input_shapes: tuple[tuple[int, ...], ...]
+    input_dtypes: tuple[mx.Dtype, ...]
+    template: tuple[tuple[str, Any], ...]
+    grid: tuple[int, int, int]
+    threadgroup: tuple[int, int, int]
+    output_shapes: tuple[tuple[int, ...], ...]
+    output_dtypes: tuple[mx.Dtype, ...]
+    init_value: Any = None
+
+
+_records: ContextVar[list[ZmlxLaunch] | None] = ContextVar("kf_zmlx_capture", default=None)
+_lock = threading.Lock()
+_open = 0
+_original_call: Any = None
+
+
+class _Recorder:
+    """Stands in for the ``mx.fast.metal_kernel`` object of one zmlx kernel during one call."""
+
+    def __init__(self, spec: Any, records: list[ZmlxLaunch]) -> None:
+        self.spec = spec
+        self.records = records
+
+    def __call__(self, *, inputs: Sequence[mx.array], template: Sequence[tuple[str, Any]],
+                 grid: Sequence[int], threadgroup: Sequence[int], output_shapes: Sequence[Sequence[int]],
+                 output_dtypes: Sequence[mx.Dtype], init_value: Any = None,
+                 verbose: bool = False) -> list[mx.array]:
+        s = self.spec
+        self.records.append(ZmlxLaunch(
+            name=s.name, source=s.source, header=s.header or "", input_names=tuple(s.input_names),
+            output_names=tuple(s.output_names), ensure_row_contiguous=bool(s.ensure_row_contiguous),
+            atomic_outputs=bool(s.atomic_outputs),
+            input_shapes=tuple(tuple(int(d) for d in a.shape) for a in inputs),
+            input_dtypes=tuple(a.dtype for a in inputs), template=tuple((str(k), v) for k, v in template),
+            grid=(int(grid[0]), int(grid[1]), int(grid[2])),
+            threadgroup=(int(threadgroup[0]), int(threadgroup[1]), int(threadgroup[2])),
+            output_shapes=tuple(tuple(int(d) for d in sh) for sh in output_shapes),
+            output_dtypes=tuple(output_dtypes), init_value=init_value))
+        return [mx.zeros(tuple(sh), dtype=d) for sh, d in zip(output_shapes, output_dtypes, strict=True)]
+
+
+def _recording_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+    records = _records.get()
+    if records is None:
+        return _original_call(self, *args, **kwargs)
+    real = self.__dict__.get("_kernel")
+    self._kernel = _Recorder(self.spec, records)
+    try:
+        return _original_call(self, *args, **kwargs)
+    finally:
+        self._kernel = real
+
+
+@contextlib.contextmanager
+def capture() -> Iterator[list[ZmlxLaunch]]:
+    """Record the launches of zmlx functions called inside (their outputs are zeros)."""
+    global _open, _original_call
+    zm = import_zmlx_metal()
+    with _lock:
+        if _open == 0:
+            _original_call = zm.MetalKernel.__call__
+            zm.MetalKernel.__call__ = _recording_call
+        _open += 1
+    records: list[ZmlxLaunch] = []
+    token = _records.set(records)
+    try:
+        yield records
+    finally:
+        _records.reset(token)
+        with _lock:
+            _open -= 1
+            if _open == 0:
+                zm.MetalKernel.__call__ = _original_call
+                _original_call = None
