@@ -29,6 +29,7 @@ def test_wheel_installs_and_imports_outside_the_repo(tmp_path: Path) -> None:
                if p.suffix in (".py", ".html", ".mako") and "__pycache__" not in p.parts]
     missing = [str(s) for s in sources if f"kernelfleet/{s.as_posix()}" not in names]
     assert not missing, f"files missing from the wheel (list their packages in pyproject.toml): {missing}"
+    assert {"kernelfleet/__init__.py", "kernelfleet/zmlx.py"} <= set(names)  # the top package, kernelfleet/
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
@@ -43,7 +44,7 @@ def test_wheel_installs_and_imports_outside_the_repo(tmp_path: Path) -> None:
     prelude = f"import sys; sys.path.append({deps!r})\n"
     code = prelude + (
         "import kernelfleet.service.app, kernelfleet.worker.cli, kernelfleet.web, kernelfleet.kernels, "
-        "kernelfleet.migrations\n"
+        "kernelfleet.migrations, kernelfleet.zmlx\n"
         "import kernelfleet.service as s; print(s.__file__)\n"
     )
     r = subprocess.run([str(py), "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
