@@ -77,6 +77,11 @@ def kernels_command() -> None:
         table.add_column(col)
     for spec in sorted(specs, key=lambda s: s.name):
         table.add_row(spec.name, ", ".join(spec.dtypes), spec.description, spec.shape_doc)
+    from kernelfleet.kernels.catalog import zmlx_specs
+
+    for spec in zmlx_specs():  # zmlx's own kernels (kernels/zmlx_family.py)
+        table.add_row(spec.name, ", ".join(spec.dtypes), f"{spec.description} [Metal only, needs zmlx]",
+                      spec.shape_doc)
     out_console.print(table)
 
 
