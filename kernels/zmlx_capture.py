@@ -17,7 +17,7 @@ import contextlib
 import threading
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -54,6 +54,7 @@ class ZmlxLaunch:
     output_shapes: tuple[tuple[int, ...], ...]
     output_dtypes: tuple[mx.Dtype, ...]
     init_value: Any = None
+    kernel: Any = field(default=None, compare=False, repr=False)  # zmlx's MetalKernel object
 
 
 _records: ContextVar[list[ZmlxLaunch] | None] = ContextVar("kf_zmlx_capture", default=None)
@@ -65,8 +66,9 @@ _original_call: Any = None
 class _Recorder:
     """Stands in for the ``mx.fast.metal_kernel`` object of one zmlx kernel during one call."""
 
-    def __init__(self, spec: Any, records: list[ZmlxLaunch]) -> None:
-        self.spec = spec
+    def __init__(self, kernel: Any, records: list[ZmlxLaunch]) -> None:
+        self.kernel = kernel
+        self.spec = kernel.spec
         self.records = records
 
     def __call__(self, *, inputs: Sequence[mx.array], template: Sequence[tuple[str, Any]],
@@ -83,7 +85,7 @@ class _Recorder:
             grid=(int(grid[0]), int(grid[1]), int(grid[2])),
             threadgroup=(int(threadgroup[0]), int(threadgroup[1]), int(threadgroup[2])),
             output_shapes=tuple(tuple(int(d) for d in sh) for sh in output_shapes),
-            output_dtypes=tuple(output_dtypes), init_value=init_value))
+            output_dtypes=tuple(output_dtypes), init_value=init_value, kernel=self.kernel))
         return [mx.zeros(tuple(sh), dtype=d) for sh, d in zip(output_shapes, output_dtypes, strict=True)]
 
 
@@ -92,7 +94,7 @@ def _recording_call(self: Any, *args: Any, **kwargs: Any) -> Any:
     if records is None:
         return _original_call(self, *args, **kwargs)
     real = self.__dict__.get("_kernel")
-    self._kernel = _Recorder(self.spec, records)
+    self._kernel = _Recorder(self, records)
     try:
         return _original_call(self, *args, **kwargs)
     finally:

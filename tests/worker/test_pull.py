@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from kernelfleet.kernels import profile_file
-from kernelfleet.kernels.catalog import all_specs, get_spec
+from kernelfleet.kernels.catalog import ZMLX_NAMES, all_specs, get_spec
 from kernelfleet.kernels.launch import capture
 from kernelfleet.kernels.spec import config_key, format_shape
-from kernelfleet.worker.zmlx_cache import launch_entries
+from kernelfleet.worker.zmlx_cache import launch_entries, zmlx_entries
 
 M3_MAX = "Apple M3 Max"
 
@@ -464,3 +464,33 @@ def test_zmlx_get_autotuned_config_returns_the_pulled_config(
     with pytest.raises(AssertionError, match="timed candidates"):  # an untuned shape would be timed
         za.get_autotuned_config(kernel, inputs=[mx.zeros((7, d), dtype=mx.float16), w],
                                 grid=(7 * expected_tg, 1, 1))
+
+
+@pytest.mark.parametrize("kernel", ZMLX_NAMES)
+def test_zmlx_entries_are_what_zmlx_itself_saves(
+    kernel: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For each zmlx kernel and threadgroup, the entry pull writes equals the one zmlx's own
+    ``save_autotune_cache`` writes after its own ``get_autotuned_config`` chose that threadgroup for the
+    launch zmlx's function makes (its search stubbed to answer it); shape-only inputs give the same."""
+    import zmlx.autotune as za
+
+    from kernelfleet.kernels.zmlx_capture import capture
+
+    spec = get_spec(kernel)
+    shape = (5, 1000)
+    for config in spec.space(shape, "bfloat16"):
+        ours = zmlx_entries(kernel, format_shape(shape), "bfloat16", config)
+        with capture() as records:
+            spec.build(config, "metal", shape, "bfloat16")(spec.make_inputs(shape, "bfloat16", 0))
+        [rec] = records
+        chosen = za.AutotuneConfig(threadgroup=rec.threadgroup, template=())
+        monkeypatch.setattr(za, "autotune_kernel", lambda *a, c=chosen, **k: za.AutotuneResult(c, {c: 1.0}))
+        za.GLOBAL_AUTOTUNE_CACHE.clear()
+        za._FAST_CACHE.clear()
+        inputs = spec.make_inputs(shape, "bfloat16", 0)
+        assert za.get_autotuned_config(rec.kernel, inputs=inputs, grid=rec.grid) == chosen
+        path = tmp_path / f"{kernel}-{config['tg']}.json"
+        za.save_autotune_cache(str(path))
+        [section] = json.loads(path.read_text())["devices"].values()
+        assert ours == section["entries"], config
