@@ -1,41 +1,65 @@
-"""Metal checked off-Mac: every rendered MSL kernel (each kernel x dtype x config of its test
-shapes) is wrapped in the signature MLX generates and compiled as C++ by g++ -fsyntax-only
-against tests/kernels/metal_stub.h."""
+"""Metal checked off-Mac with the strict MSL compile model (kernels/testing/msl.h, clang): every
+kernel the catalog launches at its test, decode and large shapes (each kernel x dtype x config), in
+the exact text MLX compiles, has no error; and each of five errors a permissive stub let through,
+planted into a real kernel, fails the check."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-from pathlib import Path
-
 import pytest
 
-from kernelfleet.kernels.catalog import NAMES, get_spec
+from kernelfleet.kernels.catalog import get_spec
+from kernelfleet.kernels.testing import compile_strict, metal_kernel
+from kernelfleet.kernels.testing.mlx_metal import MetalKernel
+from kernelfleet.kernels.testing.msl_clang import clang_path
 
-from .capture import records
-from .mlx_sources import metal_unit
+from .capture import metal_kernels, records
 
-HERE = Path(__file__).parent
-CXX = shutil.which("g++") or shutil.which("clang++")
+pytestmark = pytest.mark.skipif(clang_path() is None, reason="no clang++ on PATH (apt-get install clang)")
 
 
-@pytest.mark.skipif(CXX is None, reason="no C++ compiler (g++ or clang++) on PATH")
-@pytest.mark.parametrize("name", NAMES)
-def test_metal_sources_compile_as_cpp(name: str, tmp_path: Path) -> None:
-    spec = get_spec(name)
-    for dtype in spec.dtypes:
-        recs = records(spec, "metal", dtype)
-        assert recs
-        unit = metal_unit(recs)
-        path = tmp_path / f"{name}_{dtype}.metal.cpp"
-        path.write_text(unit)
-        proc = subprocess.run(
-            [str(CXX), "-std=c++17", "-fsyntax-only", "-Wno-attributes", "-Wno-unknown-pragmas",
-             "-Werror=return-type", f"-I{HERE}", "-x", "c++", str(path)],
-            capture_output=True, text=True, timeout=120,
-        )
-        assert proc.returncode == 0, f"{name} {dtype}: MSL does not compile:\n{proc.stderr[:4000]}"
-        # MLX adds attribute parameters only for names in the body: the renderer must have spelled
-        # the dialect's indices with Metal's attribute names, never with CUDA's.
-        for rec, _ in recs:
-            assert "threadIdx" not in rec.rendered.source and "__syncthreads" not in rec.rendered.source
+@pytest.mark.slow
+def test_every_catalog_kernel_passes_the_strict_model() -> None:
+    kernels = metal_kernels(("test", "decode", "large"))
+    report = compile_strict(kernels)
+    print(f"strict MSL model: {report.summary()}")
+    assert report.kernels == len(kernels) > 4000
+    assert report.ok, report.summary()
+    for k in kernels:  # MLX adds attribute parameters only for Metal's names: never CUDA's
+        assert "threadIdx" not in k.text and "__syncthreads" not in k.text
+
+
+def _rmsnorm(dtype: str, plant: tuple[str, str] | None) -> MetalKernel:
+    """The first rmsnorm config at its test shape, with ``old`` replaced by ``new`` in the body."""
+    rec, _ = records(get_spec("rmsnorm"), "metal", dtype)[0]
+    r = rec.rendered
+    body = r.source
+    if plant is not None:
+        assert plant[0] in body, plant[0]
+        body = body.replace(plant[0], plant[1], 1)
+    return metal_kernel(r.name + ("_planted" if plant else ""), r.inputs, r.outputs, body, r.header,
+                        rec.input_dtypes, rec.input_shapes, rec.output_dtypes, rec.launch.template)
+
+
+INV, SS = "const float inv = ", "float ss = 0.0f;"
+PLANTED = {  # error: (dtype, (text of rmsnorm's body, what replaces it))
+    "implicit float to bfloat store": ("bfloat16", ("o.v[k] = T(", "o.v[k] = (")),
+    "metal::precise::exp(half)": ("float16", (INV, INV + "metal::precise::exp(half(ss)) * ")),
+    "threadgroup pointer to a device helper": ("float32", (SS, SS + " auto bad = kf_vload<1>(red, 0);")),
+    "simd_sum(size_t)": ("float32", (SS, SS + " size_t bad = simd_sum(row);")),
+    "erff and fmaxf": ("float32", (INV, "ss = erff(ss) + fmaxf(ss, 0.0f); " + INV)),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_the_unplanted_kernel_passes(dtype: str) -> None:
+    report = compile_strict([_rmsnorm(dtype, None)])
+    assert report.ok, report.summary()
+
+
+@pytest.mark.parametrize("error", sorted(PLANTED))
+def test_planted_error_fails_the_strict_model(error: str) -> None:
+    dtype, plant = PLANTED[error]
+    kernel = _rmsnorm(dtype, plant)
+    report = compile_strict([kernel])
+    assert not report.ok, f"{error} was accepted"
+    print(f"{error}: {report.errors[kernel.name][0]}")

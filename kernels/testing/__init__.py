@@ -1,0 +1,13 @@
+"""Metal without a Mac: a strict compile model of MSL and a CPU emulator of Metal's execution model,
+both fed the exact text MLX hands the Metal compiler. For tests (ours and zmlx's kernels):
+
+- :func:`metal_kernel` / :func:`from_record`: MLX's source for one launch (signature, template).
+- :func:`compile_strict`: compile kernels with clang against ``msl.h``; a report of errors.
+
+Needs clang++ (Debian ``clang``); nothing here runs on a user's machine.
+"""
+
+from .mlx_metal import MetalKernel, from_record, metal_kernel
+from .msl_strict import StrictReport, compile_strict
+
+__all__ = ["MetalKernel", "StrictReport", "compile_strict", "from_record", "metal_kernel"]

@@ -1,0 +1,154 @@
+"""The strict MSL compile model: MLX's exact kernel text, compiled with clang ``-fsyntax-only``
+against ``msl.h`` (Metal's address spaces, overload sets and bfloat rules; no C library).
+
+Kernels are batched into translation units (each distinct header once, in a namespace of its own,
+followed by its kernels) and units are compiled in parallel. Errors are attributed to the kernel
+whose lines they fall in, or whose instantiation clang names in its notes.
+
+``compile_strict(kernels)`` is the entry point (see :mod:`kernelfleet.kernels.testing`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from .mlx_metal import MetalKernel
+from .msl_clang import INCLUDE_DIR, RewriteError, clang_path, for_clang, line_of
+
+# C++ for OpenCL 2021 for its address spaces (see msl.h); spir64: half arithmetic (cl_khr_fp16), 64-bit
+# long. No system headers at all.
+CLANG_FLAGS = (
+    "-x", "clcpp", "-cl-std=clc++2021", "-fsyntax-only", "--target=spir64", "-cl-no-stdinc", "-nostdinc",
+    "-ferror-limit=0", "-fno-caret-diagnostics", "-Wno-unknown-attributes", "-Wno-unknown-pragmas",
+    "-Werror=vla-extension", "-Werror=return-type",
+    "-Werror=address-of-temporary",
+)
+_DIAG = re.compile(r"^(.+?):(\d+):\d+: (error|note): (.*)$", re.MULTILINE)
+
+
+class StrictModelUnavailable(RuntimeError):
+    """No clang++ on PATH."""
+
+
+@dataclass
+class StrictReport:
+    kernels: int = 0  # distinct kernels compiled (MLX kernel names)
+    units: int = 0  # translation units
+    seconds: float = 0.0  # wall time
+    errors: dict[str, list[str]] = field(default_factory=dict)  # kernel name -> error lines
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def summary(self, limit: int = 20) -> str:
+        head = (f"{self.kernels} kernels in {self.units} units, {len(self.errors)} with errors, "
+                f"{self.seconds:.1f} s")
+        lines = [f"{name}: {' | '.join(errs[:3])}" for name, errs in list(self.errors.items())[:limit]]
+        return "\n".join([head, *lines])
+
+
+@dataclass
+class _Unit:
+    text: str
+    spans: list[tuple[int, int, str]]  # (first line, last line, kernel name)
+    rewrite_errors: dict[str, list[str]]
+
+
+def _units(kernels: Sequence[MetalKernel], per_unit: int) -> list[_Unit]:
+    by_header: dict[str, list[MetalKernel]] = {}
+    seen: dict[str, str] = {}
+    for k in kernels:
+        if k.name in seen:
+            if seen[k.name] != k.text:
+                raise ValueError(f"two different sources named {k.name} (MLX would mix them up)")
+            continue
+        seen[k.name] = k.text
+        by_header.setdefault(k.header, []).append(k)
+    units: list[_Unit] = []
+    for h, (header, group) in enumerate(by_header.items()):
+        for start in range(0, len(group), per_unit):
+            chunk = group[start:start + per_unit]
+            spans: list[tuple[int, int, str]] = []
+            errors: dict[str, list[str]] = {}
+            try:
+                text = f'#include "msl.h"\nnamespace kf_header_{h} {{\n{for_clang(header, kernel=False)}\n'
+            except RewriteError as e:
+                units.append(_Unit("", [], {k.name: [f"header: {e}"] for k in chunk}))
+                continue
+            for k in chunk:
+                body = k.text[len(header):]
+                try:
+                    body = for_clang(body)
+                except RewriteError as e:
+                    errors[k.name] = [str(e)]
+                    continue
+                first = line_of(text, len(text))
+                text += body + "\n"
+                spans.append((first, line_of(text, len(text)), k.name))
+            text += "}\n"
+            units.append(_Unit(text, spans, errors))
+    return units
+
+
+def _compile(unit: _Unit, clang: str) -> dict[str, list[str]]:
+    errors = {k: list(v) for k, v in unit.rewrite_errors.items()}
+    if not unit.spans:
+        return errors
+    proc = subprocess.run([clang, *CLANG_FLAGS, f"-I{INCLUDE_DIR}", "-"], input=unit.text,
+                          capture_output=True, text=True, timeout=900)
+    if proc.returncode == 0:
+        return errors
+
+    def owner(line: int) -> str | None:
+        return next((name for first, last, name in unit.spans if first <= line <= last), None)
+
+    current: tuple[str, list[str]] | None = None
+    for m in _DIAG.finditer(proc.stderr):
+        line, kind, message = int(m.group(2)), m.group(3), m.group(4)
+        if m.group(1) != "<stdin>":  # in msl.h itself: breaks every kernel of the unit
+            if kind == "error":
+                errors.setdefault("<header>", []).append(f"{m.group(1)}:{line}: {message}")
+            continue
+        if kind == "error":
+            current = (f"line {line}: {message}", [n for n in [owner(line)] if n])
+            text_line = unit.text.splitlines()[line - 1].strip() if line <= unit.text.count("\n") + 1 else ""
+            errors_for = current[1] or ["<header>"]
+            for name in errors_for:
+                errors.setdefault(name, []).append(f"{current[0]}  [{text_line[:120]}]")
+        elif current is not None and "requested here" in message:
+            requester = owner(line)
+            if requester and requester not in current[1]:
+                current[1].append(requester)
+                errors.setdefault(requester, []).append(current[0])
+    if not errors:  # clang failed without a diagnostic we could read
+        errors["<unit>"] = [proc.stderr[-2000:] or f"clang exited {proc.returncode}"]
+    if "<header>" in errors:  # an error in a header breaks every kernel that uses it
+        for _, _, name in unit.spans:
+            errors.setdefault(name, []).extend(errors["<header>"])
+        del errors["<header>"]
+    return errors
+
+
+def compile_strict(kernels: Sequence[MetalKernel], *, jobs: int | None = None,
+                   per_unit: int = 400) -> StrictReport:
+    """Compile every kernel (MLX's text, see :func:`.mlx_metal.metal_kernel`) against the strict
+    MSL model. ``jobs`` parallel clang processes (default: CPU count)."""
+    clang = clang_path()
+    if clang is None:
+        raise StrictModelUnavailable("clang++ is not on PATH (Debian: apt-get install clang)")
+    t0 = time.perf_counter()
+    units = _units(kernels, per_unit)
+    report = StrictReport(kernels=len({k.name for k in kernels}), units=len(units))
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        for errors in pool.map(lambda u: _compile(u, clang), units):
+            for name, errs in errors.items():
+                report.errors.setdefault(name, []).extend(errs)
+    report.seconds = time.perf_counter() - t0
+    return report
