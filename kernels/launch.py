@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -100,7 +100,20 @@ class LaunchRecord:
     output_dtypes: tuple[mx.Dtype, ...]
 
 
-_capture: ContextVar[list[LaunchRecord] | None] = ContextVar("kf_capture", default=None)
+Interceptor = Callable[[LaunchRecord, Sequence[mx.array]], list[mx.array]]
+_intercept: ContextVar[Interceptor | None] = ContextVar("kf_intercept", default=None)
+
+
+@contextlib.contextmanager
+def intercept(handler: Interceptor) -> Iterator[None]:
+    """Hand every launch to ``handler`` (the record MLX would get, and the inputs) instead of MLX:
+    what it returns are the launch's outputs. For :func:`capture` and the Metal emulator's backend
+    (``kernels/testing``)."""
+    token = _intercept.set(handler)
+    try:
+        yield
+    finally:
+        _intercept.reset(token)
 
 
 @contextlib.contextmanager
@@ -110,11 +123,13 @@ def capture() -> Iterator[list[LaunchRecord]]:
     Works on any backend, including CPU: rendering needs no GPU.
     """
     records: list[LaunchRecord] = []
-    token = _capture.set(records)
-    try:
+
+    def record(rec: LaunchRecord, inputs: Sequence[mx.array]) -> list[mx.array]:
+        records.append(rec)
+        return [mx.zeros(s, dtype=d) for s, d in zip(rec.output_shapes, rec.output_dtypes, strict=True)]
+
+    with intercept(record):
         yield records
-    finally:
-        _capture.reset(token)
 
 
 def run(
@@ -126,12 +141,11 @@ def run(
     output_dtypes: Sequence[mx.Dtype],
 ) -> list[mx.array]:
     rendered = render(src, backend)
-    records = _capture.get()
-    if records is not None:
-        records.append(LaunchRecord(
+    handler = _intercept.get()
+    if handler is not None:
+        return handler(LaunchRecord(
             rendered, launch, tuple(a.dtype for a in inputs), tuple(tuple(a.shape) for a in inputs),
-            tuple(tuple(s) for s in output_shapes), tuple(output_dtypes)))
-        return [mx.zeros(tuple(s), dtype=d) for s, d in zip(output_shapes, output_dtypes, strict=True)]
+            tuple(tuple(s) for s in output_shapes), tuple(output_dtypes)), inputs)
     kernel = compiled(rendered)
     outs = kernel(
         inputs=list(inputs),
@@ -154,12 +168,13 @@ def compiled_call(fn: KernelFn) -> KernelFn:
     wrapper. Measured on an H100 host (``benchmarks/results/h100_launch_floor.txt``, 16 ms rounds):
     a 32x4096 rmsnorm launch took 38.3 µs plain and 22.1 µs compiled, a 32x14336 swiglu 27.4 and
     17.8 µs. The built-ins stay plain: compiling ``mx.fast.rms_norm`` made it slower (18.8 -> 20.8
-    µs). Under :func:`capture` the plain ``fn`` runs, so a trace never keeps the captured zeros.
+    µs). Under :func:`capture` (any :func:`intercept`) the plain ``fn`` runs, so a trace never keeps
+    the captured zeros.
     """
     graph = mx.compile(lambda *arrays: fn(list(arrays)))
 
     def call(inputs: Sequence[mx.array]) -> list[mx.array]:
-        if _capture.get() is not None:
+        if _intercept.get() is not None:
             return fn(inputs)
         return list(graph(*inputs))
 

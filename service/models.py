@@ -71,6 +71,7 @@ class TrialStatus(enum.StrEnum):
     compile_error = "compile_error"
     launch_error = "launch_error"
     mismatch = "mismatch"
+    unsupported = "unsupported"  # the chip cannot run this config (threadgroup over the pipeline's limit)
 
 
 class RegressionStatus(enum.StrEnum):

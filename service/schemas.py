@@ -81,7 +81,7 @@ KernelName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z][
 ShapeText = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_check_shape)]
 DType = Literal["float32", "float16", "bfloat16"]
 BackendName = Literal["metal", "cuda", "cpu"]
-TrialStatusName = Literal["ok", "compile_error", "launch_error", "mismatch"]
+TrialStatusName = Literal["ok", "compile_error", "launch_error", "mismatch", "unsupported"]
 JobStateName = Literal["queued", "leased", "done", "dead"]
 Token = Annotated[str, Field(min_length=1, max_length=256)]
 Micros = Annotated[float, Field(ge=0.0)]

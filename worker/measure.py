@@ -3,7 +3,9 @@
 - Every candidate is built, run once and compared with the float32 reference before any timing.
   A failure is a result: ``compile_error`` (building raised, or the first launch failed while
   compiling), ``launch_error`` (a call or evaluation raised), ``mismatch`` (outside the spec's
-  tolerance). Nothing is dropped.
+  tolerance), ``unsupported`` (the backend says this chip cannot run the config: on Metal, a
+  threadgroup over the compiled pipeline's ``maxTotalThreadsPerThreadgroup``; the error names the
+  limit). Nothing is dropped; an unsupported config is never measured or chosen.
 - Each good candidate is warmed up, then calibrated: K launches per round, chosen so one round
   lasts at least ``min_round_s`` (4 ms), so a decode-size launch is timed as many launches between
   two ``mx.synchronize()`` calls rather than one launch drowned in sync overhead. A round also pays
@@ -35,6 +37,7 @@ from kernelfleet.kernels.spec import Config, KernelFn, KernelSpec, Shape, compar
 from kernelfleet.worker.backends.base import Backend
 
 OK, COMPILE_ERROR, LAUNCH_ERROR, MISMATCH = "ok", "compile_error", "launch_error", "mismatch"
+UNSUPPORTED = "unsupported"
 PENDING = "pending"
 MAX_SAMPLES = 1000
 _MAX_ERROR_CHARS = 2000
@@ -147,7 +150,11 @@ class Measurer:
             outputs = list(fn(self.inputs))
             mx.eval(outputs)
         except Exception as e:  # noqa: BLE001 - first launch: compile or launch failure
-            trial.fail(COMPILE_ERROR if _COMPILE_HINT.search(str(e)) else LAUNCH_ERROR, e)
+            reason = self.backend.unsupported_reason(e)
+            if reason is not None:
+                trial.fail(UNSUPPORTED, reason)
+            else:
+                trial.fail(COMPILE_ERROR if _COMPILE_HINT.search(str(e)) else LAUNCH_ERROR, e)
             return
         check = compare(outputs, self.reference, self.tol, getattr(self.spec, "exact_outputs", ()))
         trial.max_abs_err, trial.max_rel_err = check.max_abs_err, check.max_rel_err

@@ -8,7 +8,7 @@ import math
 import re
 from typing import Any
 
-STATUSES = {"ok", "compile_error", "launch_error", "mismatch"}
+STATUSES = {"ok", "compile_error", "launch_error", "mismatch", "unsupported"}
 BACKENDS = {"metal", "cuda", "cpu"}
 MAX_TRIALS, MAX_SAMPLES, MAX_GOLDEN_SAMPLE = 512, 1000, 256
 _TOP = {"kernel", "shape", "dtype", "seed", "strategy", "env", "trials", "best_config_key", "golden"}

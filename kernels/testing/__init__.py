@@ -3,11 +3,16 @@ both fed the exact text MLX hands the Metal compiler. For tests (ours and zmlx's
 
 - :func:`metal_kernel` / :func:`from_record`: MLX's source for one launch (signature, template).
 - :func:`compile_strict`: compile kernels with clang against ``msl.h``; a report of errors.
+- :class:`Emulator` / :func:`emulate`: run one launch on the CPU emulator of Metal's execution
+  model (numpy in, numpy out; raises :class:`EmulationError`).
+- ``emu_backend.MetalEmuBackend``: the ``metal-emu`` Backend (catalog test, Measurer).
 
 Needs clang++ (Debian ``clang``); nothing here runs on a user's machine.
 """
 
 from .mlx_metal import MetalKernel, from_record, metal_kernel
+from .metal_emu import EmulationError, Emulator, emulate
 from .msl_strict import StrictReport, compile_strict
 
-__all__ = ["MetalKernel", "StrictReport", "compile_strict", "from_record", "metal_kernel"]
+__all__ = ["EmulationError", "Emulator", "MetalKernel", "StrictReport", "compile_strict", "emulate",
+           "from_record", "metal_kernel"]

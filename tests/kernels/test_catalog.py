@@ -1,23 +1,32 @@
 """THE catalog test: every kernel x dtype x available backend; the built-in and every rendered
 candidate of the parameter space match the float32 reference within the dtype's tolerance.
 
-CPU runs the built-in only (MLX has no custom CPU kernels); CUDA and Metal also run every config
-of the space for each test shape. GPU params carry the ``cuda`` / ``metal`` markers and skip
-cleanly when that backend is absent."""
+CPU runs the built-in only (MLX has no custom CPU kernels); CUDA, Metal and ``metal-emu`` (Metal's
+execution model emulated on the CPU, the exact MSL compiled by clang: kernels/testing) also run every
+config of the space for each test shape. GPU params carry the ``cuda`` / ``metal`` markers and skip
+cleanly when that backend is absent. A config the chip cannot run (Metal: a threadgroup over the
+pipeline's maxTotalThreadsPerThreadgroup) is skipped with the backend's reason, as the tuner
+records it ``unsupported``."""
 
 from __future__ import annotations
+
+import functools
 
 import mlx.core as mx
 import pytest
 
 from kernelfleet.kernels.catalog import NAMES, get_spec
 from kernelfleet.kernels.spec import BUILTIN, DTYPES, config_key
+from kernelfleet.kernels.testing.emu_backend import MetalEmuBackend
+from kernelfleet.kernels.testing.metal_emu import Emulator
 from kernelfleet.worker.backends.registry import get_backend
 
 BACKENDS = [
     pytest.param("cpu", id="cpu"),
     pytest.param("cuda", id="cuda", marks=pytest.mark.cuda),
     pytest.param("metal", id="metal", marks=pytest.mark.metal),
+    # Metal's execution model on the CPU: the exact MSL, compiled with clang (kernels/testing)
+    pytest.param("metal-emu", id="metal-emu", marks=pytest.mark.slow),
 ]
 
 
@@ -26,7 +35,14 @@ def _available(backend: str) -> bool:
         return bool(mx.cuda.is_available())
     if backend == "metal":
         return bool(mx.metal.is_available())
+    if backend == "metal-emu":
+        return MetalEmuBackend().available()
     return True
+
+
+@functools.cache
+def _emulator() -> Emulator:
+    return Emulator()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -40,9 +56,12 @@ def test_catalog(name: str, dtype: str, backend: str) -> None:
         pytest.skip(f"{name} does not support {dtype}")
     assert spec.test_shapes
     failures: list[str] = []
+    unsupported: list[str] = []
     checked = 0
-    device = mx.cpu if backend == "cpu" else mx.gpu
-    runner = get_backend(backend)
+    device = mx.gpu if backend in ("cuda", "metal") else mx.cpu
+    runner = MetalEmuBackend(_emulator()) if backend == "metal-emu" else get_backend(backend)
+    if isinstance(runner, MetalEmuBackend):  # compile the space's kernels in batches first
+        runner.prepare(spec, spec.test_shapes, dtype)
     with mx.stream(device):
         for shape in spec.test_shapes:
             inputs = spec.make_inputs(shape, dtype, 0)
@@ -58,12 +77,19 @@ def test_catalog(name: str, dtype: str, backend: str) -> None:
                     outs = runner.build(spec, BUILTIN if config is None else config, shape, dtype)(inputs)
                     mx.eval(outs)
                 except Exception as e:  # a failing candidate is a test failure, reported with the rest
-                    failures.append(f"{shape} {key}: {type(e).__name__}: {str(e)[:300]}")
+                    reason = runner.unsupported_reason(e)
+                    if reason is not None:
+                        unsupported.append(f"{shape} {key}: {reason}")
+                    else:
+                        failures.append(f"{shape} {key}: {type(e).__name__}: {str(e)[:300]}")
                     continue
                 cmp = spec.compare(outs, ref, dtype)
                 checked += 1
                 if not cmp.ok:
                     failures.append(f"{shape} {key}: {cmp.detail} (max abs {cmp.max_abs_err:.3g})")
+    if unsupported:
+        print(f"{name} {dtype} {backend}: skipped {len(unsupported)} configs this chip cannot run:\n"
+              + "\n".join(unsupported))
     total = checked + len(failures)
     summary = f"{name} {dtype} {backend}: {len(failures)} of {total} failed:\n"
     assert not failures, summary + "\n".join(failures[:40])

@@ -58,6 +58,12 @@ class Backend(ABC):
                     out.append(dict(config))
         return out
 
+    def unsupported_reason(self, error: BaseException) -> str | None:
+        """If ``error`` (raised by a candidate's first launch) means this chip cannot run that config
+        at all -- a limit of the chip, not a fault of the kernel -- the reason to record, naming the
+        limit; else None (the failure is a compile or launch error)."""
+        return None
+
     def build(self, spec: KernelSpec, config: Config, shape: Shape, dtype: str) -> KernelFn:
         """A callable for ``config``; may raise (the tuner records that as a compile error)."""
         if config_key(config) == "builtin":
