@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 
 from kernelfleet.kernels import profile_file
@@ -141,3 +142,39 @@ def test_bad_profile_and_tokens_get_clear_errors(
         patch(model, profile={"schema": "other", "entries": []})
     with pytest.raises(PatchError, match="tokens must be positive"):
         patch(model, profile={"schema": profile_file.SCHEMA, "entries": []}, tokens=[0])
+
+
+class Attention(nn.Module):
+    """Manual attention exposing ``softmax`` (what zmlx's softmax pattern matches), and a LayerNorm."""
+
+    def __init__(self, dims: int) -> None:
+        super().__init__()
+        self.scale = dims ** -0.5
+        self.q_proj = nn.Linear(dims, dims)
+        self.softmax = mx.softmax
+        self.norm = nn.LayerNorm(dims)
+
+
+def test_softmax_looks_up_its_width_per_call_and_layernorm_goes_back_to_the_builtin(no_timing: None) -> None:
+    from kernelfleet.zmlx import patch
+
+    model = nn.Sequential(Attention(64))
+    model.set_dtype(mx.float16)
+    body = {"schema": profile_file.SCHEMA, "chip": CHIP, "entries": [
+        entry("zmlx_softmax", "4x64", {"tg": 32}), entry("zmlx_softmax", "4x128", {"tg": 64}),
+        entry("zmlx_layernorm", "1x64", {"variant": "builtin"}),
+    ]}
+    weight = model.layers[0].norm.weight
+    report = patch(model, profile=body, patterns=["softmax", "layernorm"])
+    attn = model.layers[0]
+    assert type(attn.norm) is nn.LayerNorm and attn.norm.weight is weight  # the built-in, same weights
+    assert {(p.pattern, p.applied) for p in report.pinned} == {("layernorm", "MLX built-in"),
+                                                               ("softmax", "per-call table (2 entries)")}
+    widths = {(4, 64): 32, (4, 128): 64, (2, 64): 32, (4, 96): 256}  # nearest rows of that width; else 256
+    for (rows, width), tg in widths.items():
+        with capture() as records:
+            attn.softmax(mx.zeros((rows, width), dtype=mx.float16), axis=-1)
+        assert [(r.name, r.threadgroup[0]) for r in records] == [(f"kk_softmax_D{width}_TG{tg}", tg)]
+    with capture() as records:  # not the last axis: MLX's softmax, no zmlx launch
+        attn.softmax(mx.zeros((4, 64), dtype=mx.float16), axis=0)
+    assert records == []
