@@ -135,3 +135,45 @@ def test_emulator_runs_zmlx_s_launches_to_the_reference(name: str, dtype: str, e
         if not cmp.ok:  # a wrong number is never a known bug
             failures.append(f"{c.shape} tg={c.config['tg']}: {cmp.detail}")
     assert not failures, f"{len(failures)} of {len(mine)} launches:\n" + "\n".join(failures)
+
+
+@pytest.mark.slow
+def test_a_pinned_llama_on_the_emulator_computes_what_mlx_computes(emulator: Emulator) -> None:
+    """A random-weight mlx-lm Llama after ``kernelfleet.zmlx.patch``: its forward pass with every zmlx
+    launch run by the Metal emulator gives MLX's own (unpatched) logits."""
+    llama = pytest.importorskip("mlx_lm.models.llama", reason="mlx-lm is not installed")
+    from kernelfleet.kernels import profile_file
+    from kernelfleet.zmlx import patch
+
+    args = llama.ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=96,
+                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+                           vocab_size=50)
+    mx.random.seed(3)
+    model = llama.Model(args)
+    tokens = mx.array([[3, 14, 15, 9]])
+    expected = model(tokens)
+    entries = [{"kernel": k, "shape": "4x64", "dtype": "float32", "config": {"tg": tg},
+                "config_key": f"tg={tg}", "predicted": False}
+               for k, tg in (("zmlx_rmsnorm", 32), ("zmlx_add_rmsnorm", 128))]
+    body = {"schema": profile_file.SCHEMA, "chip": "Apple M3 Max", "entries": entries}
+    report = patch(model, profile=body, tokens=[4], patterns=["swiglu_mlp", "rmsnorm", "residual_norm"])
+    assert len(report.pinned) == 5 + 2 and len(report.kept_default) == 2  # swiglu: MetalKernel's default
+
+    launched: list[tuple[str, int]] = []
+
+    def run(r: ZmlxLaunch, inputs: Sequence[mx.array]) -> list[mx.array]:
+        launched.append((r.name, r.threadgroup[0]))
+        shapes = [(s, type_string(d)) for s, d in zip(r.output_shapes, r.output_dtypes, strict=True)]
+        try:
+            outs = emulator.run(mlx_text(r), [_numpy(a) for a in inputs], shapes, r.grid, r.threadgroup)
+        except EmulationError as e:
+            known_model_bugs([line for line in str(e).splitlines() if "error:" in line])
+            raise
+        return [_mlx(o, d) for o, d in zip(outs, r.output_dtypes, strict=True)]
+
+    with intercept(run):
+        got = model(tokens)
+        mx.eval(got)
+    assert sorted(set(launched)) == [("kk_add_rmsnorm_D64_TG128_E1e_05", 128),
+                                     ("kk_rmsnorm_D64_TG32_E1e_05", 32), ("kk_swiglu2_fwd", 256)]
+    assert mx.allclose(got, expected, atol=2e-4, rtol=2e-4).item(), mx.abs(got - expected).max().item()
