@@ -232,6 +232,10 @@ def check_shape(shape: Shape) -> None:
 
 
 def space(shape: Shape, dtype: str) -> list[Config]:
+    """zmlx's threadgroups. Without zmlx installed there is nothing to offer, and this raises: a Metal
+    worker that lacks zmlx then fails the job (it is retried elsewhere) instead of reporting a result
+    in which the built-in won because every zmlx candidate failed to build."""
+    _zmlx()
     return [{"tg": tg} for tg in TGS]
 
 

@@ -90,3 +90,17 @@ def test_every_candidate_matches_the_reference_on_metal(name: str, dtype: str) -
             if not cmp.ok:
                 failures.append(f"{shape} {config_key(config)}: {cmp.detail}")
     assert not failures, "\n".join(failures)
+
+
+def test_without_zmlx_a_metal_worker_offers_nothing_and_says_how_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Metal worker without zmlx must not report the built-in as the winner of a zmlx job: the
+    candidates raise (the agent reports the job failed) and name the extra to install."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "zmlx.kernels.norms", None)  # import fails as if not installed
+    spec = get_spec("zmlx_rmsnorm")
+    with pytest.raises(KernelBuildError, match=r"pip install 'kernelfleet\[zmlx\]'"):
+        MetalBackend().candidates(spec, (1, 4096), "float16")
+    assert CpuBackend().candidates(spec, (1, 4096), "float16") == [BUILTIN]  # CPU runs the built-in only
