@@ -40,16 +40,18 @@ def kf(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 
 def report(
-    chip: str, backend: str, shape: str, best_factor: float, rng: np.random.Generator, kernel: str = "rmsnorm"
+    chip: str, backend: str, shape: str, best_factor: float, rng: np.random.Generator,
+    kernel: str = "rmsnorm", best: int | None = None,
 ) -> dict[str, Any]:
     """An exhaustive report over the kernel's real config space at ``shape``: config i runs at
-    ``100 * (1 + 0.05 i)`` us except config ``len // 2``, which runs at ``100 * best_factor``."""
+    ``100 * (1 + 0.05 i)`` us except config ``best`` (default ``len // 2``), which runs at
+    ``100 * best_factor``."""
     spec = get_spec(kernel)
     rows, cols = (int(d) for d in shape.split("x"))
     configs = spec.space((rows, cols), "float16")
     trials = []
     for i, c in enumerate(configs):
-        center = 100.0 * (best_factor if i == len(configs) // 2 else 1 + 0.05 * i)
+        center = 100.0 * (best_factor if i == (len(configs) // 2 if best is None else best) else 1 + 0.05 * i)
         samples = center * np.exp(rng.normal(0, 0.01, 20))
         trials.append(
             {
@@ -115,6 +117,7 @@ def post_through_leases(
     rng: np.random.Generator,
     best_factor: float = 0.5,
     kernels: tuple[str, ...] = ("rmsnorm",),
+    best: int | None = None,
 ) -> None:
     """Enroll a worker for ``chip``, create a campaign for ``kernels`` x ``shapes``, lease every job and
     post its report."""
@@ -151,7 +154,7 @@ def post_through_leases(
             job = lease.json()
             body = {
                 "lease_token": job["lease_token"],
-                "report": report(chip, backend, job["shape"], best_factor, rng, job["kernel"]),
+                "report": report(chip, backend, job["shape"], best_factor, rng, job["kernel"], best),
             }
             assert worker.post(f"/jobs/{job['job_id']}/result", json=body).status_code == 201
         assert worker.post("/leases", json={}).status_code == 204
@@ -429,7 +432,7 @@ def test_zmlx_get_autotuned_config_returns_the_pulled_config(
 
     shapes = ["1x4096", "32x4096"]
     post_through_leases(coordinator, M3_MAX, "metal", shapes, np.random.default_rng(5),
-                        kernels=("zmlx_rmsnorm", "rmsnorm"))
+                        kernels=("zmlx_rmsnorm", "rmsnorm"), best=2)  # zmlx_rmsnorm: tg=128, not zmlx's 256
     done = kf("pull", "--coordinator", coordinator.url, "--chip", M3_MAX, "--mlx-version", "0.32.4", env=dirs)
     assert done.returncode == 0, done.stderr
     assert "entries under M3_0.32.4" in done.stdout and "2 for zmlx's own kernels" in done.stdout
@@ -437,7 +440,8 @@ def test_zmlx_get_autotuned_config_returns_the_pulled_config(
     body = json.loads(profile_file.profile_path(M3_MAX).read_text())
     tuned = {e["shape"]: e for e in body["entries"] if e["kernel"] == "zmlx_rmsnorm" and not e["predicted"]}
     assert sorted(tuned) == shapes
-    expected_tg = int(get_spec("zmlx_rmsnorm").space((1, 4096), "float16")[6 // 2]["tg"])
+    expected_tg = int(get_spec("zmlx_rmsnorm").space((1, 4096), "float16")[2]["tg"])
+    assert expected_tg == 128
     assert {e["config"]["tg"] for e in tuned.values()} == {expected_tg}
     entries = json.loads((Path(dirs["ZMLX_CACHE_DIR"]) / "autotune_v3.json").read_text())[
         "devices"]["M3_0.32.4"]["entries"]
@@ -464,6 +468,26 @@ def test_zmlx_get_autotuned_config_returns_the_pulled_config(
     with pytest.raises(AssertionError, match="timed candidates"):  # an untuned shape would be timed
         za.get_autotuned_config(kernel, inputs=[mx.zeros((7, d), dtype=mx.float16), w],
                                 grid=(7 * expected_tg, 1, 1))
+
+    # the same pull feeds kernelfleet.zmlx.patch: a Llama of hidden size 4096 (weights never evaluated)
+    monkeypatch.undo()  # this host is no Mac again (and the dirs fixture's variables are set again)
+    for k, v in dirs.items():
+        monkeypatch.setenv(k, v)
+    za.GLOBAL_AUTOTUNE_CACHE.clear()
+    za._FAST_CACHE.clear()
+    llama = pytest.importorskip("mlx_lm.models.llama", reason="mlx-lm is not installed")
+    from zmlx.patch._modules import ZMLXRMSNorm
+
+    from kernelfleet.zmlx import patch
+
+    model = llama.Model(llama.ModelArgs(model_type="llama", hidden_size=4096, num_hidden_layers=1,
+                                        intermediate_size=64, num_attention_heads=32, num_key_value_heads=8,
+                                        rms_norm_eps=1e-6, vocab_size=8))
+    model.set_dtype(mx.float16)
+    pinned = patch(model, profile=M3_MAX, patterns=["rmsnorm"])
+    norms_ = [m for _, m in model.named_modules() if isinstance(m, ZMLXRMSNorm)]
+    assert len(norms_) == 3 and all(n._resolved_tg == expected_tg for n in norms_)
+    assert {p.basis for p in pinned.pinned} == {"measured (1 runs, 1 workers) at 1x4096"}
 
 
 @pytest.mark.parametrize("kernel", ZMLX_NAMES)
