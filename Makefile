@@ -9,7 +9,7 @@ PORT   ?= 8600
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run test lint typecheck pytest bench-kernels bench-search bench-gpu bench-launch-floor bench-predict bench-cross-chip bench-dashboard bench-load bench-detector bench-profiles bench-calibration clean
+.PHONY: help venv run test lint typecheck pytest bench-kernels bench-search bench-gpu bench-launch-floor bench-predict bench-cross-chip bench-dashboard bench-load bench-detector bench-profiles bench-calibration clean test-metal-model test-metal
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -37,6 +37,13 @@ typecheck: $(STAMP) ## mypy over service/, worker/, kernels/, web/ and kernelfle
 
 pytest: $(STAMP) ## pytest (SQLite always; PostgreSQL too when KERNELFLEET_TEST_POSTGRES_URL is set)
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+test-metal-model: $(STAMP) ## Metal without a Mac (needs clang++): strict MSL compile model + CPU emulator of Metal
+	$(BIN)/pytest -q -s tests/kernels/test_metal_render.py tests/kernels/test_metal_emu.py tests/worker/test_pipeline_limit.py
+	$(BIN)/pytest -q tests/kernels/test_catalog.py -k metal-emu
+
+test-metal: $(STAMP) ## On an Apple-silicon Mac: every catalog config on Metal; prints a report to paste back
+	$(BIN)/python -m kernelfleet.kernels.testing.mac_report --out metal-report.md
 
 bench-kernels: $(STAMP) ## Kernel speed: tuned vs MLX built-in vs copy bandwidth, on this machine's GPU
 	$(BIN)/python benchmarks/kernels.py

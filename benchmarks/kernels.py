@@ -12,6 +12,15 @@ and prints the built-in's median, the tuned median, the speedup, and the achieve
 ``--spread`` / ``--spread-only`` then tunes every kernel over a grid of shapes (rows x cols for
 row-wise kernels) and dtypes until the time limit, appending every tuning report as JSONL.
 
+``--peers``: the table of the frontier instead. Per kernel and large shape, the tuned pick (``--strategy``,
+default ``model``: the prior's few best guesses only, see worker/search/model.py), the MLX built-in, torch
+eager and torch.compile (default mode, Inductor) where torch has the op (benchmarks/peers.py), all timed
+in this process the same way: each round is K queued launches between synchronizations (K from the
+tuned pick: a round >= 4 ms), contenders interleaved in a shuffled order per round, median of the rounds.
+Each ratio is ours over the contender's time (>1: ours is faster); bandwidth is ``spec.bytes_moved`` over
+the median, against the best measured copy (our copy kernel, MLX ``x+0``, torch ``copy_``) and the GPU's
+specified peak (H100 SXM 3.35 TB/s, H200 4.8 TB/s). Without torch the peers' columns say so.
+
 Compilation: on CUDA every custom candidate is an NVRTC compile (~1.5 s on the H100 host) the
 first time it runs in a process; MLX keeps custom kernels out of its on-disk PTX cache, so a
 compile in another process does not help (tried: a 15-process pre-compile changed nothing).
@@ -47,6 +56,19 @@ from kernelfleet.worker.report import report_problems  # noqa: E402
 from kernelfleet.worker.tuner import TuneOutcome, tune_spec  # noqa: E402
 
 Task = tuple[str, Shape, str]
+
+
+def _load_sibling(name: str) -> Any:
+    """A module of this folder (benchmarks/ is no package)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(f"kf_bench_{name}", Path(__file__).with_name(f"{name}.py"))
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 SPREAD_ROWS = (1, 8, 32, 128, 1024, 4096, 16384)
 SPREAD_COLS = (1024, 2048, 4096, 8192)
 
@@ -62,6 +84,9 @@ _COPY_METAL = """
         reinterpret_cast<device uint4*>(out)[i] = reinterpret_cast<device const uint4*>(inp)[i];
     }
 """
+
+
+peers: Any = _load_sibling("peers")
 
 
 def log(msg: str) -> None:
@@ -97,6 +122,14 @@ def copy_kernel(backend: str) -> Callable[[mx.array], mx.array]:
     return copy
 
 
+SPEC_PEAK_GBS = {"H100": 3350.0, "H200": 4800.0}  # HBM3 (H100 SXM) and HBM3e (H200), as specified
+
+
+def spec_peak_gbs(chip_name: str) -> float | None:
+    """The specified DRAM bandwidth of the GPU called ``chip_name`` (None when not known here)."""
+    return next((v for k, v in SPEC_PEAK_GBS.items() if k in chip_name.upper()), None)
+
+
 def copy_bandwidth(backend: str, nbytes: int = 1 << 30) -> dict[str, float]:
     """Measured device-to-device copy bandwidth in GB/s (read + write counted)."""
     n = nbytes // 4
@@ -111,6 +144,8 @@ def copy_bandwidth(backend: str, nbytes: int = 1 << 30) -> dict[str, float]:
             out["copy_kernel"] = 2 * nbytes / time_fn(lambda: copy(x)) / 1e9
     launches = 20 if backend in ("cuda", "metal") else 2
     out["mlx_x_plus_0"] = 2 * nbytes / time_fn(lambda: x + 0, launches=launches, rounds=5) / 1e9
+    if backend == "cuda" and (torch_copy := peers.copy_gbs(nbytes)) is not None:
+        out["torch_copy"] = torch_copy
     out["limit"] = max(out.values())
     return out
 
@@ -299,6 +334,158 @@ def summary(rows: Sequence[dict[str, Any]]) -> str:
     ])
 
 
+# ----------------------------------------------------------------------------- the frontier (peers)
+
+
+def peer_row(task: Task, outcome: TuneOutcome, limit_gbs: float, peak_gbs: float | None,
+             rounds: int = 25, seed: int = 0) -> dict[str, Any]:
+    """The tuned pick, the MLX built-in and the torch peers of ``task``, timed together (module doc)."""
+    name, shape, dtype = task
+    spec = cached_spec(name)
+    be = detect_backend()
+    best = outcome.report["best_config_key"]
+    with mx.stream(be.device):
+        inputs = spec.make_inputs(shape, dtype, seed)
+        mx.eval(inputs)
+        contenders: dict[str, Callable[[], Any]] = {}
+        for label, key in (("ours", best), ("mlx", "builtin")):
+            fn = be.build(spec, parse_config_key(key), shape, dtype)
+            contenders[label] = functools.partial(fn, inputs)
+        torch_fns = peers.peers(name, inputs)
+        peer_err: dict[str, float] = {}
+        ref = spec.reference(inputs)[0].astype(mx.float32)
+        mx.eval(ref)
+        for label, fn in torch_fns.items():  # checked against the reference (and compiled) before timing
+            got = peers.first_output(fn())
+            peer_err[label] = float(abs(got.reshape(-1) - ref.reshape(-1).__array__()).max())
+        launch_time = min(t.median() or 1e9 for t in outcome.trials if t.key == best) * 1e-6
+        k = peers.launches_for(launch_time)
+        times = _interleaved({**{lb: (fn, "mlx") for lb, fn in contenders.items()},
+                              **{lb: (fn, "torch") for lb, fn in torch_fns.items()}}, k, rounds, seed)
+    peers.release()
+    nbytes = spec.bytes_moved(shape, dtype)
+    ours = times["ours"]
+    row: dict[str, Any] = {"kernel": name, "shape": format_shape(shape), "dtype": dtype, "best": best,
+                           "tune_s": outcome.total_s, "launches": k, "rounds": rounds,
+                           "candidates": len(outcome.report["trials"]), "peer_max_abs_err": peer_err}
+    for label in ("ours", "mlx", "torch eager", "torch.compile"):
+        row[f"{label}_us"] = times[label] * 1e6 if label in times else None
+    present = [times[lb] for lb in ("mlx", "torch eager", "torch.compile") if lb in times]
+    row["vs_best_peer"] = min(present) / ours
+    row["gbs"] = nbytes / ours / 1e9
+    row["pct_copy"] = 100 * row["gbs"] / limit_gbs
+    row["pct_peak"] = 100 * row["gbs"] / peak_gbs if peak_gbs else None
+    return row
+
+
+def _interleaved(fns: dict[str, tuple[Callable[[], Any], str]], k: int, rounds: int,
+                 seed: int) -> dict[str, float]:
+    """Median seconds per launch of each contender: ``rounds`` rounds, each contender once per round in a
+    shuffled order, ``k`` queued launches between synchronizations (one warm-up round first)."""
+    def one_round(fn: Callable[[], Any], kind: str) -> float:
+        t0 = time.perf_counter()
+        if kind == "mlx":
+            for _ in range(k):
+                mx.async_eval(fn())
+            mx.synchronize()
+        else:
+            for _ in range(k):
+                fn()
+            peers.torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / k
+
+    samples: dict[str, list[float]] = {lb: [] for lb in fns}
+    for fn, kind in fns.values():
+        one_round(fn, kind)
+    order = list(fns)
+    rng = random.Random(seed)
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for lb in order:
+            samples[lb].append(one_round(*fns[lb]))
+    return {lb: sorted(v)[len(v) // 2] for lb, v in samples.items()}
+
+
+def fmt_peer_table(rows: Sequence[dict[str, Any]]) -> str:
+    def us(v: float | None) -> str:
+        return f"{v:>9.1f}" if v is not None else f"{'—':>9}"
+
+    def ratio(r: dict[str, Any], label: str) -> str:
+        v = r[f"{label}_us"]
+        return f"{v / r['ours_us']:>6.2f}x" if v else f"{'—':>7}"
+
+    head = (f"{'kernel':<20} {'shape':<12} {'ours µs':>9} {'MLX µs':>9} {'eager µs':>9} {'compile µs':>10} "
+            f"{'xMLX':>7} {'xEager':>7} {'xCompile':>8} {'xBest':>6} {'GB/s':>6} {'%copy':>6} {'%peak':>6} "
+            f"{'tune s':>6}  pick")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        peak = f"{r['pct_peak']:>5.0f}%" if r["pct_peak"] is not None else f"{'—':>6}"
+        lines.append(f"{r['kernel']:<20} {r['shape']:<12} {us(r['ours_us'])} {us(r['mlx_us'])} "
+                     f"{us(r['torch eager_us'])} {us(r['torch.compile_us']):>10} {ratio(r, 'mlx')} "
+                     f"{ratio(r, 'torch eager')} {ratio(r, 'torch.compile'):>8} {r['vs_best_peer']:>5.2f}x "
+                     f"{r['gbs']:>6.0f} {r['pct_copy']:>5.0f}% {peak} {r['tune_s']:>6.1f}  {r['best']}")
+    return "\n".join(lines)
+
+
+def peer_summary(rows: Sequence[dict[str, Any]], torch_note: str) -> str:
+    if not rows:
+        return "no rows"
+    gm = math.exp(sum(math.log(r["mlx_us"] / r["ours_us"]) for r in rows) / len(rows))
+    behind = [r for r in rows if r["vs_best_peer"] < 1.0]
+    memory = [r for r in rows if r["kernel"] != "topk_gating_softmax"]
+    at90 = [r for r in memory if r["pct_copy"] >= 90]
+    tune = sorted(r["tune_s"] for r in rows)
+    return "\n".join([
+        f"peers: {torch_note}",
+        f"geometric-mean speedup over the MLX built-ins: {gm:.2f}x over {len(rows)} rows (target >= 2x)",
+        f">= 1.0x against the best peer: {len(rows) - len(behind)}/{len(rows)}; behind: "
+        + (", ".join(f"{r['kernel']} {r['shape']} {r['vs_best_peer']:.2f}x" for r in behind) or "none"),
+        f">= 90% of copy (memory-bound rows, top-k gating excluded): {len(at90)}/{len(memory)}",
+        f"tuning time per shape: median {tune[len(tune) // 2]:.1f} s, max {tune[-1]:.1f} s (target <= 10 s)",
+    ])
+
+
+def run_peer_table(specs: Sequence[KernelSpec], args: argparse.Namespace, deadline: float,
+                   out_lines: list[str]) -> None:
+    chip = detect_chip()
+    backend = detect_backend()
+    ok, torch_note = peers.available()
+    if not ok:
+        torch_note += ": torch eager and torch.compile not measured"
+    bw = copy_bandwidth(backend.name, 1 << 30)
+    peak = spec_peak_gbs(chip.name)
+    peak_text = f"{peak:.0f} GB/s" if peak else "unknown for " + chip.name
+    lines = ["# copy bandwidth (read + write): " + ", ".join(f"{k} {v:.0f} GB/s" for k, v in bw.items()),
+             f"# spec peak: {peak_text}; peers: {torch_note}",
+             f"# tuning strategy: {args.strategy}; timing: K launches per sync, {args.rounds} interleaved "
+             "rounds, median"]
+    print("\n".join(lines), flush=True)
+    out_lines += lines
+    rows: list[dict[str, Any]] = []
+    for _, task in main_plan(specs, args.dtype, ("large",), args.per_kind):
+        if time.monotonic() > deadline:
+            log("time limit reached; remaining rows skipped")
+            break
+        log(f"peer row {task[0]} {format_shape(task[1])} {task[2]}")
+        outcome = run_tune(task, args.jsonl, strategy=args.strategy)
+        if outcome is None:
+            continue
+        try:
+            rows.append(peer_row(task, outcome, bw["limit"], peak, rounds=args.rounds))
+        except Exception as e:  # noqa: BLE001 - one failing row must not stop the table
+            log(f"  peer row FAILED {type(e).__name__}: {str(e)[:300]}")
+            continue
+        log(f"  {json.dumps(rows[-1])}")
+        if args.out:
+            with open(args.out, "w", encoding="utf-8") as f:
+                table = [fmt_peer_table(rows), "", peer_summary(rows, torch_note)]
+                f.write("\n".join(out_lines + table) + "\n")
+        if args.rows_jsonl:
+            with open(args.rows_jsonl, "a", encoding="utf-8") as f:
+                f.write(json.dumps(rows[-1]) + "\n")
+    print(fmt_peer_table(rows) + "\n\n" + peer_summary(rows, torch_note), flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernels", help="comma-separated subset of the catalog")
@@ -312,6 +499,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--spread-dtypes", default="float16,bfloat16")
     ap.add_argument("--time-limit", type=float, default=480.0,
                     help="start no new tune after this many seconds")
+    ap.add_argument("--peers", action="store_true",
+                    help="the frontier table: large shapes, ours vs MLX built-in, torch eager, torch.compile")
+    ap.add_argument("--strategy", default=None, help="search strategy (default: halving; model with --peers)")
+    ap.add_argument("--rounds", type=int, default=25, help="--peers: interleaved timing rounds")
+    ap.add_argument("--rows-jsonl", help="--peers: append each row here as JSON")
     args = ap.parse_args(argv)
     t_start = time.monotonic()
     deadline = t_start + args.time_limit
@@ -327,6 +519,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     spread = spread_plan(specs, args.spread_dtypes.split(",")) if (args.spread or args.spread_only) else []
 
     out_lines = [header]
+    if args.peers:
+        args.strategy = args.strategy or "model"
+        run_peer_table(specs, args, deadline, out_lines)
+        return 0
+    args.strategy = args.strategy or "halving"
     if plan:
         bw = copy_bandwidth(backend.name, 1 << 30 if backend.supports_custom_kernels else 1 << 26)
         bw_line = "# copy bandwidth (read + write): " + ", ".join(f"{k} {v:.0f} GB/s" for k, v in bw.items())
@@ -338,7 +535,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 log("time limit reached; remaining table rows skipped")
                 break
             log(f"tune {task[0]} {format_shape(task[1])} {task[2]} ({kind})")
-            outcome = run_tune(task, args.jsonl)
+            outcome = run_tune(task, args.jsonl, strategy=args.strategy)
             if outcome is not None:
                 rows.append(row_for(kind, task, outcome, bw["limit"]))
                 log(f"  builtin {rows[-1]['builtin_us']:.2f} µs, tuned {rows[-1]['tuned_us']:.2f} µs "

@@ -270,6 +270,27 @@ def table_pass(unit: dict[str, Any], spec: KernelSpec, shapes: Sequence[Shape], 
             emit("repeat", repeat_row(spec, shape, dtype, picks))
 
 
+def model_pass(unit: dict[str, Any], spec: KernelSpec, shapes: Sequence[Shape], emit: Any, tune: Any) -> None:
+    """Pass 4 (in pass 1's turn): the model strategy against exhaustive search on the unit's large
+    shapes, both over candidates compiled before the turn, and the two picks timed side by side."""
+    dtype = unit["dtype"]
+    emit("copy", {"copy_gbs": kb.copy_bandwidth(detect_backend().name, 1 << 30)})
+    for shape, kind in zip(shapes, unit["kinds"], strict=True):
+        if kind != "large":
+            continue
+        ex, md = tune(shape, "exhaustive"), tune(shape, "model")
+        if ex is None or md is None:
+            continue
+        a, b = ex.report["best_config_key"], md.report["best_config_key"]
+        ref = kb.side_by_side(spec, shape, dtype, [a, b]) if a != b else {a: 1.0}
+        row = {"kernel": spec.name, "shape": format_shape(shape), "dtype": dtype,
+               "candidates": len(ex.report["trials"]), "model_measured": len(md.report["trials"]),
+               "ex_best": a, "model_pick": b, "ex_s": ex.total_s, "model_s": md.total_s,
+               "side_by_side": ref[b] / ref[a] if ref.get(a) and ref.get(b) else None}
+        emit("model_search", row)
+        kb.log(f"  model vs exhaustive: {row}")
+
+
 def repeat_row(spec: KernelSpec, shape: Shape, dtype: str,
                picks: Sequence[tuple[str, float]]) -> dict[str, Any]:
     """Two tunes' picks: their reported medians (measured apart: the machine's drift between the tunes
@@ -309,10 +330,13 @@ def run_unit(unit: dict[str, Any], turns: Turns, outdir: Path, tag: str, passes:
         compiled = precompile(spec, shapes[0], dtype,
                               sorted({c for job in jobs for c in job["configs"]}) if jobs else None)
         spread = spread_shapes(spec, shapes, dtype) if 2 in passes else []
-        table = shapes if 1 in passes or jobs else []
+        table = shapes if 1 in passes or 4 in passes or jobs else []
         for shape in [*table, *spread]:  # numpy makes the inputs (seconds for large shapes): before the turn
             mx.eval(spec.make_inputs(shape, dtype, 0))
         kb.log(f"{unit['id']}: compiled {compiled} candidates, inputs ready in {time.monotonic() - t0:.0f} s")
+        with open(rows_out, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"type": "compile", "unit": unit["id"], "gpu": turns.gpu, "late": False,
+                                "compiled": compiled, "compile_s": time.monotonic() - t0}) + "\n")
     finally:
         turns.done(0)
 
@@ -321,6 +345,8 @@ def run_unit(unit: dict[str, Any], turns: Turns, outdir: Path, tag: str, passes:
     try:
         if 1 in passes:
             table_pass(unit, spec, shapes, emit, tune)
+        if 4 in passes:
+            model_pass(unit, spec, shapes, emit, tune)
     except Exception as e:  # noqa: BLE001 - keep what was measured
         kb.log(f"  {unit['id']} pass 1 FAILED {type(e).__name__}: {str(e)[:300]}")
     finally:
@@ -402,11 +428,34 @@ def merge(outdir: Path, tag: str) -> str:
         lines += [f"## disturbed units (copy measured below {DISTURBED:.0%} of the GPU's best): "
                   f"{', '.join(sorted(disturbed))}; their rows, outside every figure above and below:",
                   kb.fmt_table(strip([r for r in table if r["unit"] in disturbed])), ""]
+    models = [r for r in rows if r["type"] == "model_search" and r["unit"] not in disturbed]
+    if models:
+        compile_s = {r["unit"]: r["compile_s"] for r in rows if r["type"] == "compile"}
+        lines += ["## model strategy vs exhaustive (both over precompiled candidates; compile s = this "
+                  "unit's process compiling its whole space, alongside the other units)",
+                  model_lines(models, compile_s), ""]
     lines.append("## halving vs exhaustive (each kernel's first large shape; compilation excluded)")
     text = sb.table(searches) if searches else "no search results"
     lines += [text, "", "## repeatability: two halving tunes of the same kernel and shape"]
     lines += repeat_lines(repeats)
     return "\n".join(lines)
+
+
+def model_lines(rows: Sequence[dict[str, Any]], compile_s: dict[str, float]) -> str:
+    out = [f"{'kernel':<14} {'shape':<14} {'cands':>5} {'compile s':>9} {'exh. s':>7} {'model s':>7} "
+           f"{'measured':>8} {'pick/best side by side':>22}  exhaustive best / model pick"]
+    for r in rows:
+        side = f"{r['side_by_side']:.3f}" if r["side_by_side"] is not None else "failed"
+        out.append(f"{r['kernel']:<14} {r['shape']:<14} {r['candidates']:>5} "
+                   f"{compile_s.get(r['unit'], 0):>9.1f} "
+                   f"{r['ex_s']:>7.1f} {r['model_s']:>7.1f} {r['model_measured']:>8} {side:>22}  "
+                   f"{r['ex_best']} / {r['model_pick']}")
+    sides = [r["side_by_side"] for r in rows if r["side_by_side"] is not None]
+    if sides:
+        within = sum(x <= 1.03 for x in sides)
+        out.append(f"model pick within 3% of exhaustive's best (side by side): {within}/{len(sides)}; "
+                   f"worst {max(sides):.3f}")
+    return "\n".join(out)
 
 
 def repeat_lines(repeats: Sequence[dict[str, Any]]) -> list[str]:
@@ -445,7 +494,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tag", default="gpu")
     ap.add_argument("--deadline", type=float, help="epoch seconds by which every pass must end")
     ap.add_argument("--passes", default="1,2",
-                    help="which timed passes to run (1: table, search, repeat; 2: spread; 3: --jobs)")
+                    help="which timed passes to run (1: table, search, repeat; 2: spread; 3: --jobs; "
+                         "4: the model strategy vs exhaustive, in pass 1's turn)")
     ap.add_argument("--jobs", type=Path, help="with --plan: units for these side-by-side jobs only (JSON "
                     "lines {kernel, shape, dtype, configs}, e.g. from benchmarks/predict.py --jobs); pass 3 "
                     "times them")

@@ -31,8 +31,8 @@ BODY = r"""
   for (int it = 0; it < NITER; ++it) {
     const unsigned j = it * TPR + t;
     if (valid && j < D / V) {
-      kf_vec<T, V> a = kf_vload<V>(x + row * D, j);
-      kf_vec<T, V> b = kf_vload<V>(res + row * D, j);
+      kf_vec<T, V> a = kf_vload_h<V, H>(x + row * D, j);
+      kf_vec<T, V> b = kf_vload_h<V, H>(res + row * D, j);
       kf_vec<T, V> h;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
@@ -40,7 +40,7 @@ BODY = r"""
         hv[it * V + k] = float(h.v[k]);
         ss += hv[it * V + k] * hv[it * V + k];
       }
-      kf_vstore<V>(new_res + row * D, j, h);
+      kf_vstore_h<V, H>(new_res + row * D, j, h);
     } else {
 #pragma unroll
       for (int k = 0; k < V; ++k) {

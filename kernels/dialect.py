@@ -46,8 +46,9 @@ VOCABULARY: dict[str, str] = {
     "KF_SIZE": "64-bit unsigned index type",
     # math (float in, float out)
     "KF_EXP": "e^x",
-    "KF_EXP_FAST": "e^x for x <= 0 (x minus its row's max), where the backend has a faster, slightly "
-                   "less exact e^x (CUDA: __expf, 2 + 1.2|x| ulp); Metal: the precise exp",
+    "KF_EXP_FAST": "e^x where the backend has a faster, slightly less exact e^x (CUDA: __expf, "
+                   "2 + 1.2|x| ulp: use it where |x| stays moderate or the result saturates); Metal: the "
+                   "precise exp",
     "KF_LOG": "natural logarithm",
     "KF_SQRT": "square root",
     "KF_RSQRT": "1/sqrt(x)",
@@ -67,6 +68,9 @@ HELPERS = (
     "kf_vec",        # template <typename T, int N> struct kf_vec { T v[N]; };
     "kf_vload",      # kf_vload<N>(ptr, i): elements [i*N, i*N+N) of ptr
     "kf_vstore",     # kf_vstore<N>(ptr, i, vec)
+    "kf_vload_h",    # kf_vload_h<N, H>(ptr, i): kf_vload with cache-policy hint H (0 default, 1 streaming,
+                     # 2 read-only path + streaming stores); Metal has no hints: plain kf_vload
+    "kf_vstore_h",   # kf_vstore_h<N, H>(ptr, i, vec)
     "kf_warp_sum",   # float sum over the 32 lanes of a warp / SIMD group
     "kf_warp_max",   # float max over the warp
     "kf_shfl_xor",   # kf_shfl_xor(value, mask): value of lane ^ mask (float, int or uint)

@@ -15,25 +15,28 @@ from .launch import KernelSource
 from .spec import Config, GpuBackend, KernelFn, KernelSpec, Shape
 
 Activation = Callable[[mx.array], mx.array]
+AXES = ("hint", "fm")
 
 
 def source(name: str, activation: str) -> KernelSource:
     """The kernel body. ``activation`` is dialect code that, from the gate value ``float x`` and the
-    up vector ``u``, stores ``o.v[k]`` (the result for element ``k``)."""
+    up vector ``u``, stores ``o.v[k]`` (the result for element ``k``); it may branch on the template
+    constant ``FM`` (the ``fm`` axis: 1 = its fast-math spelling). Loads and stores take the ``hint``
+    axis (template constant ``H``)."""
     body = elementwise.INDEX + r"""
 #pragma unroll
   for (int s = 0; s < IPT; ++s) {
     const KF_SIZE i = base + KF_SIZE(s) * TG;
     if (i < nvec) {
-      kf_vec<T, V> g = kf_vload<V>(a, i);
-      kf_vec<T, V> u = kf_vload<V>(b, i);
+      kf_vec<T, V> g = kf_vload_h<V, H>(a, i);
+      kf_vec<T, V> u = kf_vload_h<V, H>(b, i);
       kf_vec<T, V> o;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const float x = float(g.v[k]);
 """ + activation + r"""
       }
-      kf_vstore<V>(out, i, o);
+      kf_vstore_h<V, H>(out, i, o);
     }
   }
 """
@@ -45,7 +48,7 @@ def spec(
 ) -> KernelSpec:
     def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str) -> KernelFn:
         def fn(inputs: Sequence[mx.array]) -> list[mx.array]:
-            return elementwise.run_elementwise(src, backend, config, dtype, list(inputs), [])
+            return elementwise.run_elementwise(src, backend, config, dtype, list(inputs), [], AXES)
 
         return fn
 
@@ -62,7 +65,7 @@ def spec(
         elementwise.check_shape(name, shape)
         return [normal(shape, dtype, seed, 0, scale=2.0), normal(shape, dtype, seed, 1)]
 
-    fields = elementwise.spec_fields(name, module_file, decode_cols=14336)
+    fields = elementwise.spec_fields(name, module_file, decode_cols=14336, axes=AXES)
     fields["version"] = source_version(module_file, __file__, elementwise.__file__)
     return KernelSpec(
         name=name,

@@ -32,7 +32,7 @@ BODY = elementwise.INDEX + r"""
 #pragma unroll
       for (int e = 0; e < K; ++e) {
         const float g = float(w[n * K + e]);
-        kf_vec<T, V> y = kf_vload<V>(a, (n * K + e) * (D / V) + dv);
+        kf_vec<T, V> y = kf_vload_h<V, H>(a, (n * K + e) * (D / V) + dv);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           acc[k] += g * float(y.v[k]);
@@ -43,12 +43,13 @@ BODY = elementwise.INDEX + r"""
       for (int k = 0; k < V; ++k) {
         o.v[k] = T(acc[k]);
       }
-      kf_vstore<V>(out, i, o);
+      kf_vstore_h<V, H>(out, i, o);
     }
   }
 """
 
 SOURCE = KernelSource("moe_combine", BODY, ("a", "w"), ("out",))
+AXES = ("hint",)  # the expert outputs are read once: the cache-policy axis
 
 
 def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str) -> KernelFn:
@@ -61,7 +62,8 @@ def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str) -> Kerne
         y3 = flat_rows(y, K, D)
         tokens = int(y3.shape[0])
         groups = max(1, ceil_div(tokens * D // vec, tg * ipt))
-        template = (("T", mx_dtype(dtype)), ("D", D), ("K", K), ("V", vec), ("TG", tg), ("IPT", ipt))
+        template = (("T", mx_dtype(dtype)), ("D", D), ("K", K), ("V", vec), ("TG", tg), ("IPT", ipt),
+                    *elementwise.axis_template(config, AXES))
         launch = Launch((groups * tg, 1, 1), (tg, 1, 1), template)
         (out,) = run(SOURCE, backend, [y3, w.reshape(tokens, K)], launch, [(tokens, D)], [y.dtype])
         return [out.reshape(*lead, D)]
@@ -106,7 +108,7 @@ SPEC = KernelSpec(
     make_inputs=make_inputs,
     reference=reference,
     builtin=builtin,
-    space=lambda shape, dtype: elementwise.space(shape[-1], dtype),
+    space=lambda shape, dtype: elementwise.space(shape[-1], dtype, AXES),
     build=make,
     tolerances=TOLERANCES,
     bytes_moved=lambda shape, dtype: (shape[0] * shape[1] * shape[2] + shape[0] * shape[1]
@@ -115,4 +117,5 @@ SPEC = KernelSpec(
     validate_shape=_check,
     test_shapes=[(7, 2, 1000)],
     default=lambda shape, dtype: elementwise.default_config(shape[-1], dtype),
+    prior=lambda shape, dtype, config: elementwise.prior(config, shape[-1], dtype),
 )

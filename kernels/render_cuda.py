@@ -72,6 +72,41 @@ __device__ __forceinline__ void kf_vstore(T* p, size_t i, const kf_vec<T, N>& r)
   }
 }
 
+// The unsigned word of B bytes (one load or store instruction of that width).
+template <int B> struct kf_word;
+template <> struct kf_word<16> { using type = uint4; };
+template <> struct kf_word<8> { using type = uint2; };
+template <> struct kf_word<4> { using type = unsigned int; };
+template <> struct kf_word<2> { using type = unsigned short; };
+
+// kf_vload / kf_vstore with a cache-policy hint H (a template parameter, so it is a tuning axis):
+// 0 the default policy; 1 streaming (ld.global.cs / st.global.cs: evict first, for data touched
+// once); 2 loads through the non-coherent read-only path (ld.global.nc) and streaming stores.
+template <int N, int H, typename T>
+__device__ __forceinline__ kf_vec<T, N> kf_vload_h(const T* p, size_t i) {
+  using W = typename kf_word<sizeof(T) * N>::type;
+  if (H == 0 || (reinterpret_cast<size_t>(p) % sizeof(kf_vec<T, N>)) != 0) {
+    return kf_vload<N>(p, i);
+  }
+  const W* q = reinterpret_cast<const W*>(p) + i;
+  W w = (H == 1) ? __ldcs(q) : __ldg(q);
+  kf_vec<T, N> r;
+  memcpy(&r, &w, sizeof(W));
+  return r;
+}
+
+template <int N, int H, typename T>
+__device__ __forceinline__ void kf_vstore_h(T* p, size_t i, const kf_vec<T, N>& r) {
+  using W = typename kf_word<sizeof(T) * N>::type;
+  if (H == 0 || (reinterpret_cast<size_t>(p) % sizeof(kf_vec<T, N>)) != 0) {
+    kf_vstore<N>(p, i, r);
+    return;
+  }
+  W w;
+  memcpy(&w, &r, sizeof(W));
+  __stcs(reinterpret_cast<W*>(p) + i, w);
+}
+
 template <typename U>
 __device__ __forceinline__ U kf_shfl_xor(U v, int mask) {
   return __shfl_xor_sync(0xffffffffu, v, mask);

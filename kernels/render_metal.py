@@ -59,6 +59,18 @@ inline void kf_vstore(device T* p, size_t i, thread const kf_vec<T, N>& r) {
   }
 }
 
+// The cache-policy hint H of the CUDA spelling has no MSL counterpart (Metal has no per-access
+// cache hints): the same loads and stores as kf_vload / kf_vstore.
+template <int N, int H, typename T>
+inline kf_vec<T, N> kf_vload_h(const device T* p, size_t i) {
+  return kf_vload<N>(p, i);
+}
+
+template <int N, int H, typename T>
+inline void kf_vstore_h(device T* p, size_t i, thread const kf_vec<T, N>& r) {
+  kf_vstore<N>(p, i, r);
+}
+
 inline float kf_warp_sum(float v) {
   return simd_sum(v);
 }

@@ -9,10 +9,14 @@ the warps of a row (none when a row is one warp).
 Parameters (the axes of the space): ``tg`` 32..1024, ``vec`` 1/2/4/8 (at most 16 bytes per
 load), ``rpg`` 1/2/4/8; constraints: ``D % vec == 0``, ``TPR >= 32``, every thread owns at least
 one vector (``TPR <= D / vec``), and at most ``MAX_REGS`` cached values per thread.
+With 16-byte vectors: up to ``MAX_REGS_WIDE`` cached values (fewer threads per row, more rows in
+flight), and the ``hint`` axis, the cache policy of the row's loads and stores (``kf_vload_h``:
+0 default, left out of the config; 1 streaming; 2 read-only loads + streaming stores).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +31,9 @@ TGS = (32, 64, 128, 256, 512, 1024)
 VECS = (1, 2, 4, 8)
 RPGS = (1, 2, 4, 8)
 MAX_REGS = 32
+MAX_REGS_WIDE = 64
+HINTS = (0, 1, 2)
+REDS = (0, 1)  # the "red" axis of kernels with two row statistics (layernorm): see layernorm_kernel
 
 # Dialect snippet shared by the row kernels: which row this thread works on, and the row of
 # input `x` loaded into registers `xv` as float (zeros past the end or for a missing row).
@@ -39,7 +46,7 @@ LOAD_ROW = r"""
   for (int it = 0; it < NITER; ++it) {
     const unsigned j = it * TPR + t;
     if (valid && j < D / V) {
-      kf_vec<T, V> a = kf_vload<V>(x + row * D, j);
+      kf_vec<T, V> a = kf_vload_h<V, H>(x + row * D, j);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         xv[it * V + k] = float(a.v[k]);
@@ -88,7 +95,7 @@ def rms_scale_store(values: str) -> str:
         for (int k = 0; k < V; ++k) {
           o.v[k] = T(""" + values + r"""[it * V + k] * inv * float(wv.v[k]));
         }
-        kf_vstore<V>(out + row * D, j, o);
+        kf_vstore_h<V, H>(out + row * D, j, o);
       }
     }
   }
@@ -99,29 +106,41 @@ def _niter(D: int, tpr: int, vec: int) -> int:
     return ceil_div(D // vec, tpr)
 
 
-def valid(config: Config, D: int, dtype: str) -> bool:
+def valid(config: Config, D: int, dtype: str, axes: Sequence[str] = ()) -> bool:
+    """Is ``config`` in the space (``axes``: the optional axes the kernel has, e.g. ``("red",)``)?"""
     try:
         tg, vec, rpg = int(config["tg"]), int(config["vec"]), int(config["rpg"])
+        hint, red = int(config.get("hint", 0)), int(config.get("red", 0))
     except (KeyError, TypeError, ValueError):
         return False
-    if tg not in TGS or vec not in VECS or rpg not in RPGS or set(config) != {"tg", "vec", "rpg"}:
+    if tg not in TGS or vec not in VECS or rpg not in RPGS:
         return False
+    if not set(config) <= {"tg", "vec", "rpg", "hint", *axes}:
+        return False
+    if "red" in config and red not in REDS[1:]:
+        return False  # its default (0) is left out
     if D % vec or vec * ITEMSIZE[dtype] > 16 or tg % rpg:
         return False
+    wide = vec * ITEMSIZE[dtype] == 16
+    if "hint" in config and (not wide or hint not in HINTS[1:]):
+        return False  # the hint axis is for 16-byte accesses; its default (0) is left out
     tpr = tg // rpg
     if tpr < 32 or tpr % 32 or tpr > D // vec:
         return False
-    return _niter(D, tpr, vec) * vec <= MAX_REGS
+    return _niter(D, tpr, vec) * vec <= (MAX_REGS_WIDE if wide else MAX_REGS)
 
 
-def space(D: int, dtype: str) -> list[Config]:
+def space(D: int, dtype: str, axes: Sequence[str] = ()) -> list[Config]:
     out = []
     for vec in VECS:
         for tg in TGS:
             for rpg in RPGS:
-                c: Config = {"tg": tg, "vec": vec, "rpg": rpg}
-                if valid(c, D, dtype):
-                    out.append(c)
+                for hint in HINTS:
+                    for red in REDS if "red" in axes else (0,):
+                        c: Config = ({"tg": tg, "vec": vec, "rpg": rpg} | ({"hint": hint} if hint else {})
+                                     | ({"red": red} if red else {}))
+                        if valid(c, D, dtype, axes):
+                            out.append(c)
     return out
 
 
@@ -136,7 +155,21 @@ def default_config(D: int, dtype: str) -> Config:
         niter = _niter(D, tpr, c["vec"])
         return (-c["vec"] * ITEMSIZE[dtype], abs(niter - 4) + (c["tg"] < 128) * 8, c["tg"])
 
-    return min(configs, key=score)
+    return min((c for c in configs if "hint" not in c), key=score)
+
+
+def prior(config: Config, D: int, dtype: str) -> float:
+    """Cost model for the "model" search (lower = expected faster): 256-512 threads, one row per
+    group at long rows; 16-byte or scalar loads. Set from the exhaustive tunes of the row kernels
+    at 16384x8192 and 4096x4096 (bf16, H100 and H200: benchmarks/results/*tuning.jsonl), whose
+    best configs were tg 256 or 512, rpg 1 (2 at 4096), vec 8 or 1."""
+    tg, vec, rpg = int(config["tg"]), int(config["vec"]), int(config["rpg"])
+    width = vec * ITEMSIZE[dtype]
+    cost = abs(math.log2(tg / 362))  # 256 and 512 alike
+    cost += 0.5 * math.log2(rpg) * (1.0 if D >= 4096 else 0.25)
+    cost += 0.0 if width == 16 else (0.2 if vec == 1 else 0.6)
+    cost += 0.3 * bool(config.get("hint", 0)) - 0.1 * int(config.get("red", 0))
+    return cost
 
 
 def check_row(D: int, dtype: str) -> None:
@@ -155,6 +188,8 @@ def row_launch(config: Config, rows: int, D: int, dtype: str) -> Launch:
         ("TPR", tpr),
         ("RPG", rpg),
         ("NITER", _niter(D, tpr, vec)),
+        ("H", int(config.get("hint", 0))),
+        ("RED", int(config.get("red", 0))),
     )
     return Launch(grid=(groups * tg, 1, 1), threadgroup=(tg, 1, 1), template=template)
 
@@ -190,16 +225,17 @@ def check_shape(name: str, shape: Shape) -> None:
     check_row(shape[-1], "float32")
 
 
-def spec_fields(name: str, module_file: str) -> dict[str, Any]:
+def spec_fields(name: str, module_file: str, axes: Sequence[str] = ()) -> dict[str, Any]:
     """The :class:`KernelSpec` fields every row kernel shares: ``rows x D`` shapes, this family's
     space and default, the shape check, and a version over the kernel module and this file."""
     return {
         "dtypes": DTYPES,
         "shape_doc": "rows x D",
         "shapes": ROW_SHAPES,
-        "space": lambda shape, dtype: space(shape[-1], dtype),
+        "space": lambda shape, dtype: space(shape[-1], dtype, axes),
         "version": source_version(module_file, __file__),
         "validate_shape": lambda shape: check_shape(name, shape),
         "test_shapes": [(19, 1024)],
         "default": lambda shape, dtype: default_config(shape[-1], dtype),
+        "prior": lambda shape, dtype, config: prior(config, shape[-1], dtype),
     }

@@ -38,7 +38,7 @@ BODY = rowwise.LOAD_ROW + rowwise.ROW_MAX + r"""
         for (int k = 0; k < V; ++k) {
           o.v[k] = T(xv[it * V + k] * inv);
         }
-        kf_vstore<V>(out + row * D, j, o);
+        kf_vstore_h<V, H>(out + row * D, j, o);
       }
     }
   }

@@ -132,6 +132,10 @@ class KernelSpec:
     default: Callable[[Shape, str], Config] | None = None
     # indices of outputs that must match the reference exactly (e.g. top-k expert indices)
     exact_outputs: tuple[int, ...] = ()
+    # a cheap model of a config's cost at (shape, dtype), lower = expected faster, computed without
+    # compiling anything: the "model" search strategy measures only the best few by it. None -> the
+    # tuner's generic prior (distance from the default config).
+    prior: Callable[[Shape, str, Config], float] | None = None
     # the GPU backends whose workers offer the custom configs (zmlx's kernels: Metal only)
     backends: tuple[GpuBackend, ...] = ("metal", "cuda")
 

@@ -9,7 +9,12 @@ import mlx.core as mx
 
 from . import gated
 
-SOURCE = gated.source("swiglu", "        o.v[k] = T(x / (1.0f + KF_EXP(-x)) * float(u.v[k]));")
+# fm=1: __expf on CUDA (x / (1 + e^-x) saturates to x or -0 where e^-x over- or underflows)
+SOURCE = gated.source(
+    "swiglu",
+    "        const float e = FM ? KF_EXP_FAST(-x) : KF_EXP(-x);\n"
+    "        o.v[k] = T(x / (1.0f + e) * float(u.v[k]));",
+)
 
 
 def _silu(g: mx.array) -> mx.array:

@@ -33,6 +33,7 @@ from kernelfleet.worker.chip import ChipInfo, detect_chip, parse_cpuinfo_model
 from kernelfleet.worker.golden import golden
 from kernelfleet.worker.measure import AllCandidatesFailed, Measurer, Trial
 from kernelfleet.worker.search import Budget, get_strategy
+from kernelfleet.worker.search.model import prior_order
 
 MAX_TRIALS = 512
 Progress = Callable[[int, int], None]
@@ -135,7 +136,10 @@ def tune_spec(spec: KernelSpec, shape: str | Shape, dtype: str, *, strategy: str
         candidates = be.candidates(spec, dims, dtype)
     else:
         candidates = [dict(BUILTIN)] + [dict(c) for c in configs if config_key(c) != "builtin"]
-    candidates = _cap(candidates, seed)
+    if search.name == "model":  # the model strategy measures the first few: expected fastest first
+        candidates = prior_order(spec, dims, dtype, candidates)
+    else:
+        candidates = _cap(candidates, seed)
     keys = [config_key(c) for c in candidates]
 
     total = max(1, search.planned_steps(len(candidates)))

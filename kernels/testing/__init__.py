@@ -10,8 +10,8 @@ both fed the exact text MLX hands the Metal compiler. For tests (ours and zmlx's
 Needs clang++ (Debian ``clang``); nothing here runs on a user's machine.
 """
 
-from .mlx_metal import MetalKernel, from_record, metal_kernel
 from .metal_emu import EmulationError, Emulator, emulate
+from .mlx_metal import MetalKernel, from_record, metal_kernel
 from .msl_strict import StrictReport, compile_strict
 
 __all__ = ["EmulationError", "Emulator", "MetalKernel", "StrictReport", "compile_strict", "emulate",

@@ -475,7 +475,7 @@ static void run_group(int n, const Attrs& proto, uint3 local_dims) {
 static uint ceil_div(uint a, uint b) { return (a + b - 1) / b; }
 
 // job file: kernel NAME / grid X Y Z / threadgroup X Y Z / seed S / group_stride K /
-// buffer in|out BYTES PATH (in binding order)
+// buffer in|out BYTES PATH NAME (in binding order)
 int main(int argc, char** argv, const Kernel* kernels, int nkernels) {
   if (argc != 2) { printf("usage: %s JOB\n", argv[0]); return 2; }
   struct sigaction sa;
@@ -523,7 +523,7 @@ int main(int argc, char** argv, const Kernel* kernels, int nkernels) {
       is_out[nb] = !strcmp(words[++i], "out");
       sizes[nb] = (unsigned long)strtol(words[++i], nullptr, 10);
       paths[nb] = words[++i];
-      char* p = guarded(sizes[nb] ? sizes[nb] : 1, paths[nb]);
+      char* p = guarded(sizes[nb] ? sizes[nb] : 1, words[++i]);  // named after its kernel parameter
       if (is_out[nb]) {
         memset(p, 0xff, sizes[nb]);
       } else {

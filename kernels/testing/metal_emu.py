@@ -158,7 +158,7 @@ class Emulator:
                 if b.kind == "output":
                     shape, ctype = outputs[len(out_paths)]
                     out_paths.append((path, shape, ctype))
-                    job.append(f"buffer out {math.prod(shape) * NUMPY[ctype].itemsize} {path}")
+                    job.append(f"buffer out {math.prod(shape) * NUMPY[ctype].itemsize} {path} {b.name}")
                     continue
                 n_before = sum(1 for x in kernel.buffers[:i] if x.kind == "input")
                 a = arrays[b.of] if b.of >= 0 else arrays[n_before]
@@ -166,7 +166,7 @@ class Emulator:
                         "strides": np.array([math.prod(a.shape[j + 1:]) for j in range(a.ndim)], np.int64),
                         "ndim": np.array(a.ndim, np.int32)}[b.kind]
                 path.write_bytes(data.tobytes())
-                job.append(f"buffer in {data.nbytes} {path}")
+                job.append(f"buffer in {data.nbytes} {path} {b.name}")
             (Path(d) / "job").write_text("\n".join(job) + "\n")
             try:
                 proc = subprocess.run([str(self.exe[kernel.name]), str(Path(d) / "job")], capture_output=True,

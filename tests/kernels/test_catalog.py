@@ -11,6 +11,7 @@ records it ``unsupported``."""
 from __future__ import annotations
 
 import functools
+import os
 
 import mlx.core as mx
 import pytest
@@ -42,7 +43,8 @@ def _available(backend: str) -> bool:
 
 @functools.cache
 def _emulator() -> Emulator:
-    return Emulator()
+    # KF_METAL_EMU_ORDER=<seed> shuffles thread and threadgroup order (default: in order)
+    return Emulator(seed=int(os.environ.get("KF_METAL_EMU_ORDER") or 0))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -10,7 +10,7 @@ import pytest
 from kernelfleet.kernels.catalog import get_spec
 from kernelfleet.kernels.testing import compile_strict, metal_kernel
 from kernelfleet.kernels.testing.mlx_metal import MetalKernel
-from kernelfleet.kernels.testing.msl_clang import clang_path
+from kernelfleet.kernels.testing.msl_clang import RewriteError, clang_path, for_clang
 
 from .capture import metal_kernels, records
 
@@ -63,3 +63,19 @@ def test_planted_error_fails_the_strict_model(error: str) -> None:
     report = compile_strict([kernel])
     assert not report.ok, f"{error} was accepted"
     print(f"{error}: {report.errors[kernel.name][0]}")
+
+
+def test_threadgroup_variables_follow_msl_rules() -> None:
+    """The one rewrite of kernel text (a threadgroup variable becomes a reference to group memory)
+    keeps line numbers and refuses what MSL refuses."""
+    body = "void k() {\n  threadgroup float red[32];\n  float a = 0.0f;\n  threadgroup int n;\n  red[0] = a;}"
+    out = for_clang(body)
+    assert out.count("\n") == body.count("\n")
+    assert "threadgroup float (&red)[32] = kf_threadgroup_memory<float[32]>();" in out
+    assert "threadgroup int (&n) = kf_threadgroup_memory<int>();" in out
+    assert for_clang("inline void f(threadgroup float* buf) { buf[0] = 1.0f; }", kernel=False)
+    for bad, kernel in [("void k() { threadgroup float s = 0.0f; }", True),  # no initializers
+                        ("inline void f() { threadgroup float s[4]; }", False),  # kernel functions only
+                        ("void k() { threadgroup float a[4], b[4]; }", True)]:
+        with pytest.raises(RewriteError):
+            for_clang(bad, kernel=kernel)

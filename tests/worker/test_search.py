@@ -89,8 +89,8 @@ def run(name: str, land: Landscape, budget: Budget | None = None) -> str | None:
 
 
 def test_registry():
-    assert strategy_names() == ["halving", "exhaustive", "random"]
-    with pytest.raises(UnknownStrategy, match="choose one of: halving, exhaustive, random"):
+    assert strategy_names() == ["halving", "exhaustive", "random", "model"]
+    with pytest.raises(UnknownStrategy, match="choose one of: halving, exhaustive, random, model"):
         get_strategy("annealing")
     with pytest.raises(SearchError, match="positive number of seconds"):
         Budget(0)
@@ -191,3 +191,33 @@ def test_halving_rung_plan():
     assert hv._rungs(500) == [(125, 12), (32, 15), (8, 15), (3, 30)]
     assert hv._rungs(2) == [(2, 30)]
     assert all(r <= 30 for _, r in hv._rungs(500)) and math.isfinite(hv.planned_steps(500))
+
+
+def test_model_measures_only_the_first_few_candidates_and_the_builtin():
+    land = Landscape(60, seed=3)
+    best = run("model", land)
+    touched = set(land.prepared)
+    first = land.keys[1:7]  # the tuner hands the keys over in the cost model's order
+    assert touched == {BUILTIN_KEY, *first}
+    assert best in touched
+    assert land.cost[best] <= min(land.cost[k] for k in touched) * 1.1  # halving's choice among them
+    assert get_strategy("model").planned_steps(61) == get_strategy("halving").planned_steps(7)
+
+
+def test_prior_order_sorts_by_the_spec_cost_model_and_falls_back_to_the_default():
+    import dataclasses
+
+    from kernelfleet.kernels.catalog import get_spec
+    from kernelfleet.kernels.spec import config_key
+    from kernelfleet.worker.search.model import prior_order
+
+    spec = get_spec("swiglu")
+    configs = [{"variant": "builtin"}, *spec.space((4096, 4096), "bfloat16")]
+    ordered = prior_order(spec, (4096, 4096), "bfloat16", configs)
+    assert config_key(ordered[0]) == "builtin" and len(ordered) == len(configs)
+    costs = [spec.prior((4096, 4096), "bfloat16", c) for c in ordered[1:]]
+    assert costs == sorted(costs)
+    assert ordered[1]["vec"] == 8 and ordered[1].get("fm") == 1  # 16-byte accesses, fast math first
+    plain = dataclasses.replace(spec, prior=None)  # no model: nearest the default config first
+    ordered = prior_order(plain, (4096, 4096), "bfloat16", configs)
+    assert ordered[1] == spec.default_config((4096, 4096), "bfloat16")

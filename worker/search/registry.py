@@ -7,6 +7,7 @@ from collections.abc import Callable
 from kernelfleet.worker.search.base import SearchStrategy, UnknownStrategy
 from kernelfleet.worker.search.exhaustive import Exhaustive
 from kernelfleet.worker.search.halving import SuccessiveHalving
+from kernelfleet.worker.search.model import ModelGuided
 from kernelfleet.worker.search.random_search import RandomSearch
 
 DEFAULT_STRATEGY = "halving"
@@ -14,6 +15,7 @@ _STRATEGIES: dict[str, Callable[[], SearchStrategy]] = {
     "halving": SuccessiveHalving,
     "exhaustive": Exhaustive,
     "random": RandomSearch,
+    "model": ModelGuided,
 }
 
 
