@@ -104,3 +104,10 @@ def test_without_zmlx_a_metal_worker_offers_nothing_and_says_how_to_install(
     with pytest.raises(KernelBuildError, match=r"pip install 'kernelfleet\[zmlx\]'"):
         MetalBackend().candidates(spec, (1, 4096), "float16")
     assert CpuBackend().candidates(spec, (1, 4096), "float16") == [BUILTIN]  # CPU runs the built-in only
+
+
+def test_the_metal_emulator_backend_offers_them() -> None:
+    from kernelfleet.kernels.testing.emu_backend import MetalEmuBackend
+
+    offered = MetalEmuBackend().candidates(get_spec("zmlx_softmax"), (4, 128), "float32")
+    assert [config_key(c) for c in offered] == ["builtin"] + [f"tg={t}" for t in TGS]

@@ -43,13 +43,18 @@ class Backend(ABC):
     def device(self) -> mx.Device:
         return mx.Device(mx.gpu)
 
+    @property
+    def kernel_backend(self) -> str:
+        """Whose kernels this backend runs: its name, up to a ``-variant`` (``metal-emu`` runs Metal's)."""
+        return self.name.split("-", 1)[0]
+
     def synchronize(self) -> None:
         mx.synchronize()
 
     def candidates(self, spec: KernelSpec, shape: Shape, dtype: str) -> list[Config]:
         """The built-in plus every valid custom config (deduplicated, in the spec's order)."""
         out: list[Config] = [dict(BUILTIN)]
-        if self.supports_custom_kernels and self.name in spec.backends:
+        if self.supports_custom_kernels and self.kernel_backend in spec.backends:
             seen = {"builtin"}
             for config in spec.space(shape, dtype):
                 key = config_key(config)
@@ -70,7 +75,7 @@ class Backend(ABC):
             return spec.builtin
         if not self.supports_custom_kernels:
             raise BackendError(f"the {self.name} backend runs only the built-in, not {config_key(config)}")
-        if self.name not in spec.backends:
+        if self.kernel_backend not in spec.backends:
             raise BackendError(f"{spec.name}'s custom kernels run on {', '.join(spec.backends)} only, "
                                f"not {self.name}")
         return compiled_call(spec.build(config, self.name, shape, dtype))
