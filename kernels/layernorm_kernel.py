@@ -4,8 +4,9 @@ Shape ``rows x D``. Built-in: ``mx.fast.layer_norm``. Statistics over the row he
 without cancellation, by one of two methods (the ``red`` axis): ``0`` two row reductions (the mean,
 then the centred sum of squares); ``1`` one: each thread's exact (count, mean, centred sum of
 squares) merged pairwise (Chan et al.), so a row spread over several warps waits at one barrier,
-not two -- torch.compile's layer norm (a Welford reduction, one barrier) beat the two-reduction
-kernel by 8% at 16384x8192 on an H100 (benchmarks/results/h100_frontier.txt).
+not two, as torch.compile's Welford kernel does (it beat ours by 8% at 16384x8192 on an H100).
+Measured there, red=1 was 5-22% slower than red=0 (benchmarks/results/h100_frontier.txt): the
+barriers were not what separates the two.
 """
 
 from __future__ import annotations

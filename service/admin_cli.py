@@ -1,7 +1,9 @@
-"""``kernelfleet admin ...``: enrollment tokens, workers, campaigns and jobs, over the HTTP API."""
+"""``kernelfleet admin ...``: enrollment tokens, workers, campaigns, jobs, regressions and webhook
+deliveries, over the HTTP API. Every ``list`` command takes ``--json`` (the API's JSON, unchanged)."""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
 import typer
@@ -21,12 +23,21 @@ jobs_app = typer.Typer(help="List jobs and their states.", no_args_is_help=True)
 admin_app.add_typer(workers_app, name="workers")
 admin_app.add_typer(campaign_app, name="campaign")
 admin_app.add_typer(jobs_app, name="jobs")
+regressions_app = typer.Typer(help="List and acknowledge regressions.", no_args_is_help=True)
+webhooks_app = typer.Typer(help="Webhook alert deliveries and their attempts.", no_args_is_help=True)
+admin_app.add_typer(regressions_app, name="regressions")
+admin_app.add_typer(webhooks_app, name="webhooks")
 
 Coordinator = Annotated[str, typer.Option("--coordinator", envvar="KERNELFLEET_COORDINATOR",
                                           help="Coordinator base URL")]
 AdminToken = Annotated[str | None, typer.Option(
     "--admin-token", show_default=False,
     help="Admin token (default: KERNELFLEET_ADMIN_TOKEN, or local mode's generated token)")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print the rows as JSON (as the API returns them)")]
+
+
+def _print_json(rows: Any) -> None:
+    print(json.dumps(rows, indent=2))
 
 
 def _call(coordinator: str, token: str | None, method: str, path: str, **kw: Any) -> Any:
@@ -58,9 +69,12 @@ def enroll_token(
 
 
 @workers_app.command("list")
-def workers_list(coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None) -> None:
+def workers_list(coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None,
+                 as_json: AsJson = False) -> None:
     """Every enrolled worker, with its chip, backend and last heartbeat."""
     rows = _call(coordinator, admin_token, "GET", "/workers")
+    if as_json:
+        return _print_json(rows)
     table = Table(title=f"{len(rows)} workers")
     for col in ("id", "name", "chip", "backend", "cores", "memory", "mlx", "os", "last heartbeat", "status"):
         table.add_column(col)
@@ -81,7 +95,8 @@ def workers_revoke(worker_id: Annotated[int, typer.Argument(help="The worker's i
 
 
 def _progress_cells(p: dict[str, int]) -> list[str]:
-    return [str(p["total"]), str(p["queued"]), str(p["leased"]), str(p["done"]), str(p["dead"])]
+    return [str(p["total"]), str(p["queued"]), str(p["leased"]), str(p["done"]), str(p["dead"]),
+            str(p.get("cancelled", 0))]
 
 
 @campaign_app.command("create")
@@ -109,15 +124,20 @@ def campaign_create(
     target = " ".join(x for x in (c["target_backend"], c["target_chip"]) if x) or "any worker"
     out.print(f"campaign {c['id']} ({c['name']}): {c['progress']['total']} jobs queued for {target}",
               highlight=False)
+    for warning in c.get("warnings", []):
+        err.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
 
 
 @campaign_app.command("list")
-def campaign_list(coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None) -> None:
+def campaign_list(coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None,
+                  as_json: AsJson = False) -> None:
     """Campaigns with their progress."""
     rows = _call(coordinator, admin_token, "GET", "/campaigns")
+    if as_json:
+        return _print_json(rows)
     table = Table(title=f"{len(rows)} campaigns")
     for col in ("id", "name", "kernels", "shapes", "dtypes", "target",
-                "total", "queued", "leased", "done", "dead"):
+                "total", "queued", "leased", "done", "dead", "cancelled"):
         table.add_column(col)
     for c in rows:
         target = " ".join(x for x in (c["target_backend"], c["target_chip"]) if x) or "any"
@@ -129,9 +149,10 @@ def campaign_list(coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: A
 @jobs_app.command("list")
 def jobs_list(
     campaign: Annotated[int | None, typer.Option("--campaign", help="Only this campaign's jobs")] = None,
-    state: Annotated[str | None, typer.Option("--state", help="queued, leased, done or dead")] = None,
+    state: Annotated[str | None, typer.Option("--state",
+                                              help="queued, leased, done, dead or cancelled")] = None,
     limit: Annotated[int, typer.Option("--limit", help="At most this many rows")] = 200,
-    coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None,
+    coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None, as_json: AsJson = False,
 ) -> None:
     """Jobs with their state, attempts and lease."""
     params: dict[str, Any] = {"limit": limit}
@@ -140,6 +161,8 @@ def jobs_list(
     if state is not None:
         params["state"] = state
     rows = _call(coordinator, admin_token, "GET", "/jobs", params=params)
+    if as_json:
+        return _print_json(rows)
     table = Table(title=f"{len(rows)} jobs")
     for col in ("id", "campaign", "kernel", "shape", "dtype", "state", "attempts", "worker", "lease expires",
                 "last error"):
@@ -149,6 +172,95 @@ def jobs_list(
                       j["state"],
                       f"{j['attempts']}/{j['max_attempts']}", str(j["leased_by"] or "-"),
                       _when(j["lease_expires_at"]), (j["last_error"] or "")[:60])
+    out.print(table)
+
+
+CampaignId = Annotated[int, typer.Argument(help="The campaign's id (see `campaign list`)")]
+
+
+def _control(coordinator: str, admin_token: str | None, method: str, path: str) -> None:
+    got = _call(coordinator, admin_token, method, path)
+    out.print(got["detail"], highlight=False)
+
+
+@campaign_app.command("cancel")
+def campaign_cancel(campaign_id: CampaignId, coordinator: Coordinator = DEFAULT_COORDINATOR,
+                    admin_token: AdminToken = None) -> None:
+    """Cancel a campaign: its queued jobs are cancelled; running ones finish and keep their results."""
+    _control(coordinator, admin_token, "POST", f"/campaigns/{campaign_id}/cancel")
+
+
+@campaign_app.command("delete")
+def campaign_delete(campaign_id: CampaignId, coordinator: Coordinator = DEFAULT_COORDINATOR,
+                    admin_token: AdminToken = None) -> None:
+    """Delete a campaign: cancel it and remove it once its running jobs finish (results are kept)."""
+    _control(coordinator, admin_token, "DELETE", f"/campaigns/{campaign_id}")
+
+
+@campaign_app.command("retry")
+def campaign_retry(campaign_id: CampaignId, coordinator: Coordinator = DEFAULT_COORDINATOR,
+                   admin_token: AdminToken = None) -> None:
+    """Requeue a campaign's dead jobs and queue again its runs that had no successful trial."""
+    _control(coordinator, admin_token, "POST", f"/campaigns/{campaign_id}/retry")
+
+
+@regressions_app.command("list")
+def regressions_list(
+    status: Annotated[str | None, typer.Option("--status", help="confirming, open, acknowledged or "
+                                               "dismissed")] = None,
+    limit: Annotated[int, typer.Option("--limit", help="At most this many rows")] = 100,
+    coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None, as_json: AsJson = False,
+) -> None:
+    """Regressions, newest first, with their cause."""
+    params: dict[str, Any] = {"limit": limit} | ({"status": status} if status else {})
+    rows = _call(coordinator, admin_token, "GET", "/regressions", params=params)
+    if as_json:
+        return _print_json(rows)
+    table = Table(title=f"{len(rows)} regressions")
+    for col in ("id", "status", "chip", "kernel", "shape", "dtype", "effect", "cause", "detected"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(str(r["id"]), r["status"], r["chip"], r["kernel"], r["shape"], r["dtype"],
+                      f"{100 * r['effect']:+.1f}%", r["cause_text"][:60], _when(r["detected_at"]))
+    out.print(table)
+
+
+@regressions_app.command("acknowledge")
+def regressions_acknowledge(
+    regression_id: Annotated[int, typer.Argument(help="The regression's id (see `regressions list`)")],
+    note: Annotated[str | None, typer.Option("--note", help="Why (kept with it)")] = None,
+    group: Annotated[bool, typer.Option("--group", help="Every open one with the same cause")] = False,
+    coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None,
+) -> None:
+    """Acknowledge a regression; its queued confirmation job is cancelled."""
+    body: dict[str, Any] = {"whole_group": group} | ({"note": note} if note is not None else {})
+    got = _call(coordinator, admin_token, "POST", f"/regressions/{regression_id}/acknowledge", json=body)
+    ids = ", ".join(str(i) for i in got["acknowledged"]) or "none"
+    cancelled = got.get("cancelled_jobs", [])
+    out.print(f"acknowledged: {ids}" + (f"; confirmation job(s) cancelled: "
+                                         f"{', '.join(str(j) for j in cancelled)}" if cancelled else ""),
+              highlight=False)
+
+
+@webhooks_app.command("list")
+def webhooks_list(
+    state: Annotated[str | None, typer.Option("--state", help="pending, delivered or failed")] = None,
+    limit: Annotated[int, typer.Option("--limit", help="At most this many rows")] = 100,
+    coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None, as_json: AsJson = False,
+) -> None:
+    """Webhook deliveries (one alert to one URL), newest first, with their last attempt."""
+    params: dict[str, Any] = {"limit": limit} | ({"state": state} if state else {})
+    rows = _call(coordinator, admin_token, "GET", "/webhooks/deliveries", params=params)
+    if as_json:
+        return _print_json(rows)
+    table = Table(title=f"{len(rows)} deliveries")
+    for col in ("id", "regression", "url", "state", "attempts", "last answer", "next attempt"):
+        table.add_column(col)
+    for d in rows:
+        last = d["attempt_log"][-1] if d["attempt_log"] else None
+        answer = "-" if last is None else (last["error"] or str(last["status_code"]))[:50]
+        table.add_row(str(d["id"]), str(d["regression_id"] or "-"), d["url"], d["state"], str(d["attempts"]),
+                      answer, _when(d["next_attempt_at"]) if d["state"] == "pending" else "-")
     out.print(table)
 
 

@@ -23,10 +23,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from scipy.stats import binom
-from sqlalchemy import and_, select, update
+from sqlalchemy import Row, and_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.orm import Session, defer
+from sqlalchemy.orm import Session, load_only
 
 from kernelfleet.service.db import is_sqlite
 from kernelfleet.service.models import ConfigStat, Result
@@ -36,6 +36,7 @@ MAX_WORKERS = 64  # distinct worker ids kept per row (the count saturates there)
 # for n runs, the rank k of the order-statistic ~95 % interval of a median: P(Binom(n, 1/2) < k) <= .025
 _MEDIAN_RANK = [int(binom.ppf(0.025, n, 0.5)) for n in range(WINDOW + 1)]
 SERIES_COLUMNS = ("chip", "backend", "mlx_version", "kernel", "shape", "dtype", "kernel_hash")
+REBUILD_COLUMNS = ("id", "source", "worker_id", "created_at", "measured_at")
 
 
 def robust_center(values: Sequence[float]) -> tuple[float, float]:
@@ -138,15 +139,26 @@ def record(session: Session, result: Result, trials: Sequence[dict[str, Any]],
     return len(updates)
 
 
-def current_rows(session: Session, *where: Any, mlx_version: str | None = None) -> list[ConfigStat]:
-    """The stats rows of each (chip, backend, kernel, shape, dtype) series' current measurements: its
-    newest kernel source and, unless ``mlx_version`` is given, its newest MLX version (by the
-    newest result that touched them). Cost: O(stats rows selected), independent of stored results."""
-    # the bounded windows are for the incremental update only: a build never decodes them
-    query = select(ConfigStat).where(*where).options(defer(ConfigStat.medians_us), defer(ConfigStat.speedups))
+# what a profile build reads of a stats row: not the bounded windows (for the incremental update only)
+# nor the config (entries carry it parsed from the key), so a build decodes one small JSON list per row
+STAT_COLUMNS = tuple(getattr(ConfigStat, c) for c in (
+    "chip", "backend", "mlx_version", "kernel", "shape", "dtype", "kernel_hash", "config_key", "is_builtin",
+    "runs", "imported_runs", "worker_ids", "first_seen_at", "last_seen_at", "last_result_id", "center_us",
+    "spread", "speedup", "speedup_lo", "speedup_hi"))
+StatRow = Row[Any]  # a row of STAT_COLUMNS (attribute access by column name)
+
+
+def load_rows(session: Session, *where: Any) -> list[StatRow]:
+    """The stats rows matching ``where`` as plain rows (no ORM objects): O(rows selected)."""
+    return list(session.execute(select(*STAT_COLUMNS).where(*where)).all())
+
+
+def current(rows: Sequence[StatRow], mlx_version: str | None = None) -> list[StatRow]:
+    """The rows of each (chip, backend, kernel, shape, dtype) series' current measurements: its newest
+    kernel source and, unless ``mlx_version`` is given, its newest MLX version (by the newest result
+    that touched them)."""
     if mlx_version is not None:
-        query = query.where(ConfigStat.mlx_version == mlx_version)
-    rows = session.scalars(query).all()
+        rows = [r for r in rows if r.mlx_version == mlx_version]
     newest: dict[tuple[str, ...], tuple[int, str, str]] = {}
     for r in rows:
         key = (r.chip, r.backend, r.kernel, r.shape, r.dtype)
@@ -155,6 +167,14 @@ def current_rows(session: Session, *where: Any, mlx_version: str | None = None) 
             newest[key] = mark
     return [r for r in rows
             if newest[(r.chip, r.backend, r.kernel, r.shape, r.dtype)][1:] == (r.mlx_version, r.kernel_hash)]
+
+
+def current_rows(session: Session, *where: Any, mlx_version: str | None = None) -> list[StatRow]:
+    """:func:`current` of the rows matching ``where``. Cost: O(stats rows selected), independent of
+    stored results."""
+    if mlx_version is not None:
+        where = (*where, ConfigStat.mlx_version == mlx_version)
+    return current(load_rows(session, *where), mlx_version)
 
 
 def chips_with_data(session: Session) -> dict[str, str]:
@@ -174,8 +194,11 @@ def rebuild_all(session: Session) -> int:
     session.execute(ConfigStat.__table__.delete())
     count, after = 0, 0
     while True:
+        # only the columns it reads: a data migration runs before later columns exist
+        columns = (getattr(Result, c) for c in (*SERIES_COLUMNS, *REBUILD_COLUMNS))
         page = session.scalars(
-            select(Result).where(Result.id > after, Result.source.in_(("lease", "import")))
+            select(Result).options(load_only(*columns))
+            .where(Result.id > after, Result.source.in_(("lease", "import")))
             .order_by(Result.id).limit(500)
         ).all()
         if not page:
@@ -184,7 +207,9 @@ def rebuild_all(session: Session) -> int:
             trials = [
                 {"config_key": t.config_key, "config": t.config, "is_builtin": t.is_builtin,
                  "status": t.status.value, "median_us": t.median_us, "p10_us": t.p10_us, "p90_us": t.p90_us}
-                for t in session.scalars(select(Trial).where(Trial.result_id == result.id))
+                for t in session.execute(
+                    select(Trial.config_key, Trial.config, Trial.is_builtin, Trial.status, Trial.median_us,
+                           Trial.p10_us, Trial.p90_us).where(Trial.result_id == result.id))
             ]
             record(session, result, trials, result.measured_at)
             count += 1

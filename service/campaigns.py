@@ -1,4 +1,6 @@
-"""Campaigns: kernels x shapes x dtypes, expanded into one job each; progress counts per state."""
+"""Campaigns: kernels x shapes x dtypes, expanded into one job each; progress counts per state; the
+warning at creation when no enrolled worker can run them. Cancel, delete and retry live in
+:mod:`kernelfleet.service.campaign_control`."""
 
 from __future__ import annotations
 
@@ -8,11 +10,11 @@ from collections import defaultdict
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
-from kernelfleet.service.db import immediate
+from kernelfleet.service.db import db_now, immediate
 from kernelfleet.service.errors import NotFound
-from kernelfleet.service.models import Backend, Campaign, Job, JobKind, JobState
+from kernelfleet.service.models import Backend, Campaign, Job, JobKind, JobState, Worker
 from kernelfleet.service.schemas import CampaignIn, CampaignOut, Progress
-from kernelfleet.service.targets import target_id
+from kernelfleet.service.targets import chip_matches, target_id
 
 
 def create_campaign(session: Session, body: CampaignIn, default_max_attempts: int) -> int:
@@ -48,22 +50,52 @@ def _progress(session: Session, ids: list[int]) -> dict[int, Progress]:
     return {cid: Progress(total=sum(counts[cid].values()), **counts[cid]) for cid in ids}
 
 
+def target_warnings(session: Session, backend: Backend | None, chip: str | None,
+                    offline_after_seconds: float) -> list[str]:
+    """Why the jobs of a campaign aimed at ``(backend, chip glob)`` may never run: no enrolled (not
+    revoked) worker matches it, or none of those that match has been seen lately."""
+    target = " ".join(x for x in (backend.value if backend else None, repr(chip) if chip else None) if x)
+    rows = session.execute(
+        select(Worker.backend, Worker.chip, Worker.last_heartbeat_at >= db_now(-offline_after_seconds))
+        .where(Worker.revoked_at.is_(None))
+    ).all()
+    matching = [r for r in rows if (backend is None or r[0] == backend)
+                and (chip is None or chip_matches(chip, r[1]))]
+    if not matching:
+        have = sorted({f"{r[1]} ({Backend(r[0]).value})" for r in rows})
+        enrolled = f"enrolled: {', '.join(have[:10])}" if have else "no worker is enrolled yet"
+        return [f"no enrolled worker matches {target or 'this campaign'} ({enrolled}); its jobs wait "
+                f"until one enrolls"]
+    if not any(r[2] for r in matching):
+        return [f"{len(matching)} enrolled worker(s) match {target or 'this campaign'}, but none has been "
+                f"seen in the last {offline_after_seconds:g} s"]
+    return []
+
+
 def _out(c: Campaign, progress: Progress) -> CampaignOut:
     return CampaignOut(id=c.id, name=c.name, kernels=list(c.spec.get("kernels", [])),
                        shapes=list(c.spec.get("shapes", [])), dtypes=list(c.spec.get("dtypes", [])),
                        target_backend=c.target_backend.value if c.target_backend else None,
                        target_chip=c.target_chip, max_attempts=c.max_attempts, created_at=c.created_at,
-                       progress=progress)
+                       progress=progress, cancelled_at=c.cancelled_at)
+
+
+def live_campaign(session: Session, campaign_id: int) -> Campaign:
+    """The campaign row, unless it does not exist or was deleted (404)."""
+    c = session.get(Campaign, campaign_id)
+    if c is None or c.deleted_at is not None:
+        raise NotFound(f"campaign {campaign_id} does not exist"
+                       + (" (it was deleted)" if c is not None else ""))
+    return c
 
 
 def get_campaign(session: Session, campaign_id: int) -> CampaignOut:
-    c = session.get(Campaign, campaign_id)
-    if c is None:
-        raise NotFound(f"campaign {campaign_id} does not exist")
+    c = live_campaign(session, campaign_id)
     return _out(c, _progress(session, [c.id])[c.id])
 
 
 def list_campaigns(session: Session, limit: int, offset: int) -> list[CampaignOut]:
-    rows = session.scalars(select(Campaign).order_by(Campaign.id.desc()).limit(limit).offset(offset)).all()
+    rows = session.scalars(select(Campaign).where(Campaign.deleted_at.is_(None))
+                           .order_by(Campaign.id.desc()).limit(limit).offset(offset)).all()
     progress = _progress(session, [c.id for c in rows])
     return [_out(c, progress[c.id]) for c in rows]

@@ -59,6 +59,7 @@ class JobState(enum.StrEnum):
     leased = "leased"
     done = "done"
     dead = "dead"
+    cancelled = "cancelled"  # its campaign was cancelled or deleted, or its regression settled
 
 
 class JobKind(enum.StrEnum):
@@ -123,6 +124,10 @@ class Campaign(Base):
     max_attempts: Mapped[int] = mapped_column(Integer)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # {"kernels": [...], "shapes": [...], "dtypes": [...]}
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    # cancelled: its queued jobs are cancelled, leased ones finish; deleted: cancelled and hidden, the row
+    # goes once no job of it is leased (service/campaign_control.py)
+    cancelled_at: Mapped[datetime | None] = mapped_column(TZ)
+    deleted_at: Mapped[datetime | None] = mapped_column(TZ)
 
     jobs: Mapped[list[Job]] = relationship(back_populates="campaign", lazy="raise")
 
@@ -208,6 +213,8 @@ class Result(Base):
     chip: Mapped[str] = mapped_column(String(128))
     backend: Mapped[str] = mapped_column(String(16))
     mlx_version: Mapped[str] = mapped_column(String(64))
+    # the kernels' source revision (a git commit, or the package version) when the report said
+    revision: Mapped[str | None] = mapped_column(String(64), index=True)
     os: Mapped[str] = mapped_column(String(128))
     driver: Mapped[str | None] = mapped_column(String(128))
     kernel_hash: Mapped[str] = mapped_column(String(64))
@@ -276,6 +283,8 @@ class Regression(Base):
     detected_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
     acknowledged_at: Mapped[datetime | None] = mapped_column(TZ)
     acknowledged_note: Mapped[str | None] = mapped_column(Text)
+    # when its confirmation was announced (webhook deliveries queued); None: not yet, or never confirmed
+    alerted_at: Mapped[datetime | None] = mapped_column(TZ)
 
 
 class Profile(Base):
@@ -382,3 +391,42 @@ class Calibration(Base):
     samples: Mapped[int] = mapped_column(Integer)
     source_stats: Mapped[int] = mapped_column(Integer)  # the newest result id its stats had folded in
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+
+
+class DeliveryState(enum.StrEnum):
+    pending = "pending"  # waiting for its next attempt
+    delivered = "delivered"
+    failed = "failed"  # every attempt failed
+
+
+class WebhookDelivery(Base):
+    """One regression alert to one webhook URL, delivered in the background with retries
+    (:mod:`kernelfleet.service.notifications`)."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (Index("ix_webhook_deliveries_due", "state", "next_attempt_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    regression_id: Mapped[int | None] = mapped_column(ForeignKey("regressions.id", ondelete="SET NULL"),
+                                                      index=True)
+    url: Mapped[str] = mapped_column(String(2048))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    state: Mapped[DeliveryState] = mapped_column(_enum(DeliveryState), default=DeliveryState.pending)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    delivered_at: Mapped[datetime | None] = mapped_column(TZ)
+
+
+class WebhookAttempt(Base):
+    """One POST of a delivery: what the receiver answered, or why it could not be reached."""
+
+    __tablename__ = "webhook_attempts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    delivery_id: Mapped[int] = mapped_column(ForeignKey("webhook_deliveries.id", ondelete="CASCADE"),
+                                             index=True)
+    attempted_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    duration_ms: Mapped[float] = mapped_column(Float)

@@ -17,6 +17,14 @@ best. A source's weight is how close it is to the target:
   bandwidth), capped at ``OTHER_CHIP_CAP`` so the chip's own data leads. A chip the table cannot
   compare (another backend, an unknown name) contributes nothing.
 
+Where the target chip measured nothing of the kernel and another chip of the family measured the very
+(shape, dtype), that source alone decides (on the H100 -> H200 reports, extrapolating from every other
+H100 shape picked layernorm 4096x4096 wrong while the H100's own 4096x4096 pick was the H200's best
+too). Such a cross-chip prediction on a chip with more bandwidth than its source breaks the source's
+near-ties (within ``TIE`` of the pick) by work per thread (``ipt x vec``): more bandwidth needs more
+bytes in flight (Little's law), and the H200's best large-shape configs moved ``ipt``/``vec`` up from
+the H100's on swiglu, geglu, rope, moe_combine and int4_dequantize.
+
 The predicted config is the one most often near the best (within ``NEAR`` of a source's best time,
 weighted) over the sources that measured it; ties go to the lower weighted mean relative time.
 Only configs measured by at least half the total weight count (and only those valid for the target
@@ -48,6 +56,8 @@ EVIDENCE_SCALE = 0.002  # nearest-source weight at which the evidence factor of 
 MIN_COVERAGE = 0.5
 MIN_WEIGHT = 1e-6  # a source 1000x the size still counts, when nothing nearer was measured
 NEAR = 1.05  # "near the best": within 5 % of a source's best time
+TIE = 1.02  # cross-chip: configs within 2 % of the pick's mean relative time on the sources are ties
+MORE_BANDWIDTH = 1.1  # a target chip with 10 % more bandwidth than its sources breaks ties by work per thread
 
 # (kernel, shape, dtype) -> {config_key: median time in microseconds}
 ChipTable = dict[tuple[str, str, str], dict[str, float]]
@@ -90,6 +100,21 @@ def numel_ratio(target: str, source: str) -> float:
     return math.prod(dt) / math.prod(ds)
 
 
+def work_per_thread(config_key: str) -> int:
+    """Elements one thread moves per step: the product of its items-per-thread and vector width."""
+    out = 1
+    for part in config_key.split(","):
+        name, _, value = part.partition("=")
+        if name in ("ipt", "vec") and value.isdigit():
+            out *= int(value)
+    return out
+
+
+def _more_bandwidth(target: str, source: str) -> bool:
+    a, b = chips.lookup(target), chips.lookup(source)
+    return a is not None and b is not None and a.bandwidth_gbs > MORE_BANDWIDTH * b.bandwidth_gbs
+
+
 def chip_similarity(target: str, other: str, observations: Observations) -> float:
     """1 for the same chip; otherwise how well ``other``'s best configs do on ``target``."""
     if target == other:
@@ -121,7 +146,7 @@ def predict(
     ``valid(config_key)`` rejects configs the kernel cannot run at ``shape``; ``exclude`` drops
     (chip, kernel, shape, dtype) sources (the held-out shape in the benchmark).
     """
-    sources: list[tuple[float, str, str, dict[str, float]]] = []  # weight, chip, shape, times
+    sources: list[tuple[float, str, str, str, dict[str, float]]] = []  # weight, chip, shape, dtype, times
     similarity: dict[str, float] = {}
     for other, table in observations.items():
         for (k, s, d), times in table.items():
@@ -137,13 +162,17 @@ def predict(
                 similarity[other] = chip_similarity(chip, other, observations)
             weight = similarity[other] * math.exp(-distance / SHAPE_SCALE)
             if weight >= MIN_WEIGHT:
-                sources.append((weight, other, s, times))
+                sources.append((weight, other, s, d, times))
     if not sources:
         return None
+    cross_chip = all(c != chip for _, c, *_ in sources)
+    exact = [src for src in sources if src[2] == shape and src[3] == dtype]
+    if cross_chip and exact:
+        sources = exact  # another chip measured this very shape: that beats extrapolating from others
     total = sum(w for w, *_ in sources)
     # key -> [sum w*rel, sum w, sum w*scaled time, sum w*not near]
     scores: dict[str, list[float]] = {}
-    for weight, _, s, times in sources:
+    for weight, _, s, _, times in sources:
         best = min(times.values())
         ratio = numel_ratio(shape, s)
         for key, t in times.items():
@@ -157,19 +186,30 @@ def predict(
     }
     if not candidates:
         return None
-    choice = min(candidates, key=lambda k: (round(candidates[k][3] / candidates[k][1], 9),
-                                            candidates[k][0] / candidates[k][1], k))
+    def share(k: str) -> float:
+        return round(candidates[k][3] / candidates[k][1], 9)
+
+    def relative(k: str) -> float:
+        return candidates[k][0] / candidates[k][1]
+
+    choice = min(candidates, key=lambda k: (share(k), relative(k), k))
+    if cross_chip and _more_bandwidth(chip, max(sources, key=lambda x: x[0])[1]):
+        # Little's law: a chip with more bandwidth needs more bytes in flight to reach it, so among the
+        # sources' ties it takes the config with the most work per thread (H100 -> H200: 6 of 8 misses
+        # of the plain tie-break were configs with less work per thread than the H200's best)
+        ties = [k for k in candidates if share(k) == share(choice) and relative(k) <= TIE * relative(choice)]
+        choice = max(ties, key=lambda k: (work_per_thread(k), -relative(k), k))
     acc = candidates[choice]
     expected = acc[2] / acc[1]
     builtin = scores.get("builtin")
     speedup = (builtin[2] / builtin[1]) / expected if builtin and expected > 0 else None
     basis = [
         {"chip": c, "shape": s, "weight": round(w / total, 3)}
-        for w, c, s, _ in sorted(sources, key=lambda x: -x[0])[:3]
+        for w, c, s, _, _ in sorted(sources, key=lambda x: -x[0])[:3]
     ]
     near_share = 1.0 - acc[3] / acc[1]
     nearest = max(w for w, *_ in sources)
     score = near_share * nearest / (nearest + EVIDENCE_SCALE)
     return Prediction(config_key=choice, median_us=expected, speedup=speedup, score=score,
-                      cross_chip=all(c != chip for _, c, _, _ in sources), basis=basis,
+                      cross_chip=cross_chip, basis=basis,
                       near_share=near_share, nearest=nearest)

@@ -27,7 +27,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 
 from sqlalchemy import Integer, cast, delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -54,6 +54,11 @@ def _clock(session: Session) -> datetime:
     return value
 
 
+def _aware(value: datetime) -> datetime:
+    """SQLite hands back naive UTC datetimes; PostgreSQL aware ones."""
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
 def pending_chips(factory: sessionmaker[Session]) -> list[str]:
     with factory() as session:
         return list(session.scalars(select(ProfileRequest.chip).distinct().order_by(ProfileRequest.chip)))
@@ -69,12 +74,17 @@ def _build(session: Session, chip: str, settings: Settings) -> bool:
     if newest is None:
         return False  # another builder answered them
     started = _clock(session)
+    last = session.scalar(select(func.max(ProfileBuild.finished_at)).where(ProfileBuild.chip == chip))
+    since = (_aware(started) - _aware(last)).total_seconds() if last is not None else None
+    if since is not None and since < settings.profile_min_interval_seconds:
+        return False  # built moments ago: its requests wait for the next pass after the interval
     if settings.profile_build_delay_seconds > 0:  # a testing knob: a slow build, on purpose
         time.sleep(settings.profile_build_delay_seconds)
-    versions = [None, *sorted(set(session.scalars(
-        select(ConfigStat.mlx_version).where(ConfigStat.chip == chip).distinct())))]
+    backend = profiles.chip_backend(session, chip)
+    rows = aggregates.load_rows(session, ConfigStat.backend == backend) if backend else []
+    versions = [None, *sorted({r.mlx_version for r in rows if r.chip == chip})]
     bodies = {v: profiles.build_body(session, chip, v, threshold=settings.prediction_min_confidence,
-                                     allow_predicted=bool(allow)) for v in versions}
+                                     allow_predicted=bool(allow), backend_rows=rows) for v in versions}
     built: dict[str, int] = {}
     with _write(session):
         for version, body in bodies.items():

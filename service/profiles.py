@@ -32,13 +32,14 @@ from sqlalchemy.orm import Session
 from kernelfleet.kernels.profile_file import SCHEMA
 from kernelfleet.kernels.spec import parse_config_key
 from kernelfleet.service import aggregates, calibration, chips
+from kernelfleet.service.aggregates import StatRow
 from kernelfleet.service.db import keep_newest
 from kernelfleet.service.models import Calibration, ConfigStat, Profile
 from kernelfleet.service.predict import ChipTable, Observations, predict
 
 BUILTIN = "builtin"
 # (chip, kernel, shape, dtype) -> {config_key: its stats row}
-Evidence = dict[tuple[str, str, str, str], dict[str, ConfigStat]]
+Evidence = dict[tuple[str, str, str, str], dict[str, StatRow]]
 
 
 def _validator(kernel: str, shape: str, dtype: str) -> Callable[[str], bool] | None:
@@ -65,7 +66,7 @@ def _catalog_shapes(kernel: str) -> list[str]:
         return []
 
 
-def observations(rows: Sequence[ConfigStat]) -> tuple[Observations, Evidence]:
+def observations(rows: Sequence[StatRow]) -> tuple[Observations, Evidence]:
     """Per chip, the robust center time of every config per (kernel, shape, dtype), and the rows."""
     tables: dict[str, ChipTable] = {}
     evidence: Evidence = {}
@@ -81,7 +82,7 @@ def _iso(value: datetime | None) -> str | None:
     return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
 
 
-def choose(stats: dict[str, ConfigStat], backend: str) -> ConfigStat | None:
+def choose(stats: dict[str, StatRow], backend: str) -> StatRow | None:
     """The measured pick: the best same-run speedup above 1, else the built-in (never a config the
     evidence says is slower). Without a built-in measurement: the fastest center. CPU: the built-in."""
     builtin = stats.get(BUILTIN)
@@ -95,7 +96,7 @@ def choose(stats: dict[str, ConfigStat], backend: str) -> ConfigStat | None:
     return min(stats.values(), key=lambda r: (r.center_us, r.config_key)) if stats else None
 
 
-def measured_entry(kernel: str, shape: str, dtype: str, pick: ConfigStat) -> dict[str, Any]:
+def measured_entry(kernel: str, shape: str, dtype: str, pick: StatRow) -> dict[str, Any]:
     is_builtin = pick.config_key == BUILTIN
     interval = [1.0, 1.0] if is_builtin else (
         [round(pick.speedup_lo, 4), round(pick.speedup_hi, 4)]
@@ -163,13 +164,17 @@ def chip_backend(session: Session, chip: str) -> str | None:
 
 
 def build_body(session: Session, chip: str, mlx_version: str | None, *, threshold: float,
-               allow_predicted: bool = False) -> dict[str, Any] | None:
+               allow_predicted: bool = False, backend_rows: Sequence[StatRow] | None = None
+               ) -> dict[str, Any] | None:
     """The profile body for ``chip`` (all MLX versions, or one), or None when there is nothing to
-    put in it (no measured entry, unless ``allow_predicted``)."""
+    put in it (no measured entry, unless ``allow_predicted``). ``backend_rows``: the stats rows of
+    the chip's backend, when the caller already loaded them (one load serves every version)."""
     backend = chip_backend(session, chip)
     if backend is None:
         return None
-    rows = aggregates.current_rows(session, ConfigStat.backend == backend, mlx_version=mlx_version)
+    if backend_rows is None:
+        backend_rows = aggregates.load_rows(session, ConfigStat.backend == backend)
+    rows = aggregates.current(backend_rows, mlx_version)
     tables, evidence = observations(rows)
     entries: list[dict[str, Any]] = []
     for (c, kernel, shape, dtype), stats in sorted(evidence.items()):

@@ -48,6 +48,7 @@ def store_report(
         chip=env.chip,
         backend=env.backend,
         mlx_version=env.mlx_version,
+        revision=report.revision,
         os=env.os,
         driver=env.driver,
         kernel_hash=env.kernel_hash,

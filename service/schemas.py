@@ -82,7 +82,7 @@ ShapeText = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_
 DType = Literal["float32", "float16", "bfloat16"]
 BackendName = Literal["metal", "cuda", "cpu"]
 TrialStatusName = Literal["ok", "compile_error", "launch_error", "mismatch", "unsupported"]
-JobStateName = Literal["queued", "leased", "done", "dead"]
+JobStateName = Literal["queued", "leased", "done", "dead", "cancelled"]
 Token = Annotated[str, Field(min_length=1, max_length=256)]
 Micros = Annotated[float, Field(ge=0.0)]
 UtcTime = Annotated[datetime, PlainSerializer(_utc, return_type=str)]
@@ -158,6 +158,10 @@ class TuningReport(Strict):
         strict=False,  # an ISO 8601 string in JSON
         description="when the worker finished measuring (its clock, UTC offset required); "
                     "reports from before this field import without it, marked undated")] = None
+    revision: Annotated[str | None, Field(
+        min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+\-]*$",
+        description="the kernels' source revision: a git commit (optionally with -dirty) or the "
+                    "package version")] = None
 
     @model_validator(mode="after")
     def _best_is_a_trial(self) -> TuningReport:
@@ -172,8 +176,10 @@ class TuningReport(Strict):
         return self
 
     def digest(self) -> str:
-        """SHA-256 of the canonical JSON form (sorted keys, no spaces): the payload digest."""
-        return canonical_digest(self.model_dump(mode="json"))
+        """SHA-256 of the canonical JSON form (sorted keys, no spaces): the payload digest. A report
+        without a revision digests as before the field existed (re-imports stay duplicates)."""
+        return canonical_digest(self.model_dump(mode="json", exclude={"revision"} if self.revision is None
+                                                else None))
 
 
 def canonical_digest(data: Any) -> str:
@@ -316,6 +322,7 @@ class Progress(BaseModel):
     leased: int = 0
     done: int = 0
     dead: int = 0
+    cancelled: int = 0
 
 
 class CampaignOut(BaseModel):
@@ -329,6 +336,9 @@ class CampaignOut(BaseModel):
     max_attempts: int
     created_at: UtcTime
     progress: Progress
+    cancelled_at: OptUtcTime = None
+    # e.g. no enrolled worker matches the target (set when the campaign is created)
+    warnings: list[str] = Field(default_factory=list)
 
 
 class JobOut(BaseModel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from platformdirs import user_data_dir
 from pydantic import Field
@@ -65,11 +65,22 @@ class Settings(BaseSettings):
     # background work (service/background.py): result reactions, then profile building
     background_interval_seconds: float = 0.5
     profile_build_delay_seconds: float = 0.0  # testing: make every build this much slower
+    # a chip's profile is rebuilt at most this often: a busy chip's results coalesce into one build
+    # per interval instead of back-to-back builds (each is O(the backend's stats rows))
+    profile_min_interval_seconds: float = 5.0
     prediction_min_confidence: float = 0.8  # below it a predicted entry is the built-in
     calibration_interval_seconds: float = 60.0
     # regression detection
     regression_min_effect: float = 0.03
     regression_history_runs: int = 20
+    # alerts (service/notifications.py): a POST to each URL when a regression is confirmed, in the
+    # background, retried with exponential backoff; KERNELFLEET_WEBHOOK_URLS='["https://..."]'
+    webhook_urls: list[str] = Field(default_factory=list)
+    webhook_format: Literal["json", "slack"] = "json"  # slack: {"text": ...} for Slack-compatible hooks
+    webhook_timeout_seconds: float = 5.0
+    webhook_max_attempts: int = 6
+    webhook_backoff_seconds: float = 10.0  # first retry after this, doubling up to the max
+    webhook_backoff_max_seconds: float = 900.0
 
     def engine_options(self) -> dict[str, Any]:
         return {"pool_size": self.db_pool_size, "max_overflow": self.db_max_overflow,

@@ -108,6 +108,9 @@ class Coordinator:
             # background work (reactions, profiles): passes every 0.2 s; calibration whenever stats change
             "KERNELFLEET_BACKGROUND_INTERVAL_SECONDS": "0.2",
             "KERNELFLEET_CALIBRATION_INTERVAL_SECONDS": "0",
+            # a chip's profile is rebuilt on the next pass, not after the production 5 s interval
+            # (test_profile_builder.py covers the interval)
+            "KERNELFLEET_PROFILE_MIN_INTERVAL_SECONDS": "0",
         })
         env.update(self.env_overrides)
         return env

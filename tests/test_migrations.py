@@ -15,7 +15,7 @@ from kernelfleet.service.models import Base
 def test_models_and_migrations_agree(migrated_db_url: str) -> None:
     engine = make_engine(migrated_db_url)
     try:
-        assert current_revision(engine) == head_revision(migrated_db_url) == "0003"
+        assert current_revision(engine) == head_revision(migrated_db_url) == "0004_revisions_webhooks"
         with engine.connect() as conn:
             ctx = MigrationContext.configure(conn, opts={"compare_type": True})
             diff = compare_metadata(ctx, Base.metadata)
@@ -33,6 +33,6 @@ def test_downgrade_and_upgrade_round_trip(migrated_db_url: str) -> None:
         assert current_revision(engine) is None
         assert not set(Base.metadata.tables) & set(inspect(engine).get_table_names())
         upgrade(migrated_db_url)
-        assert current_revision(engine) == "0003"
+        assert current_revision(engine) == "0004_revisions_webhooks"
     finally:
         engine.dispose()

@@ -12,6 +12,7 @@ from sqlalchemy import select
 
 from kernelfleet.service.deps import DbDep
 from kernelfleet.service.models import Result, Worker
+from kernelfleet.web.downloads import result_links
 from kernelfleet.web.errors import PageNotFound
 from kernelfleet.web.figures import series_figure
 from kernelfleet.web.render import db_clock, page
@@ -78,5 +79,6 @@ def chip_page(
             mlx=mlx,
             runs=runs,
             workers=workers,
+            downloads=result_links(chip=chip, kernel=kernel, dtype=dtype, mlx_version=mlx),
             now=db_clock(session),
         )

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from kernelfleet.service.deps import DbDep
 from kernelfleet.service.models import Result
+from kernelfleet.web.downloads import result_links
 from kernelfleet.web.errors import BadParam, PageNotFound
 from kernelfleet.web.figures import geomean, ratio_figure
 from kernelfleet.web.render import db_clock, page
@@ -73,6 +74,24 @@ def _pairs(a_runs: list[Latest], b_runs: list[Latest]) -> list[KernelSummary]:
         pairs.sort(key=lambda p: (shape_key(p.shape), p.dtype))
         out.append(KernelSummary(kernel, geomean([p.ratio for p in pairs]) or 1.0, pairs))
     return out
+
+
+def _revisions(runs: list[Latest]) -> list[str]:
+    """The source revisions the compared runs were measured at (those that said), most common first."""
+    counts: dict[str, int] = {}
+    for r in runs:
+        if r.revision:
+            counts[r.revision] = counts.get(r.revision, 0) + 1
+    return sorted(counts, key=lambda v: (-counts[v], v))
+
+
+def _downloads(mode: str, a: str | None, b: str | None, chip: str | None, mlx_a: str | None,
+               mlx_b: str | None, dtype: str | None) -> dict[str, str] | None:
+    if mode == "chips":
+        return result_links(chip=[c for c in (a, b) if c], dtype=dtype)
+    if mode == "versions":
+        return result_links(chip=chip, mlx_version=[v for v in (mlx_a, mlx_b) if v], dtype=dtype)
+    return None
 
 
 @router.get("/compare", response_class=HTMLResponse)
@@ -155,5 +174,7 @@ def compare(
             figure=figure,
             only_a=only_a,
             only_b=only_b,
+            downloads=_downloads(mode, a, b, chip, mlx_a, mlx_b, dtype),
+            revisions_a=_revisions(a_runs), revisions_b=_revisions(b_runs),
             now=db_clock(session),
         )

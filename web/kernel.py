@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from kernelfleet.service.deps import DbDep
 from kernelfleet.service.models import Result
+from kernelfleet.web.downloads import result_links
 from kernelfleet.web.errors import PageNotFound
 from kernelfleet.web.figures import config_heatmap, speedup_figure
 from kernelfleet.web.render import db_clock, page
@@ -119,5 +120,6 @@ def kernel_page(
             heat=heat,
             drift=drift,
             drift_count=sum(1 for d in drift if d.drift.beyond),
+            downloads=result_links(kernel=kernel, dtype=dtype, mlx_version=mlx),
             now=db_clock(session),
         )

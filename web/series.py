@@ -62,6 +62,7 @@ class Latest:
     builtin_us: float | None
     mlx_version: str
     created_at: datetime
+    revision: str | None = None  # the kernels' source revision, when the run said
 
     @property
     def speedup(self) -> float | None:
@@ -97,6 +98,7 @@ def latest_runs(session: Session, *where: ColumnElement[bool]) -> list[Latest]:
             R.builtin_median_us,
             R.mlx_version,
             R.created_at,
+            R.revision,
         )
         .join(
             newest,
@@ -128,6 +130,7 @@ def latest_runs(session: Session, *where: ColumnElement[bool]) -> list[Latest]:
             builtin_us=r.builtin_median_us,
             mlx_version=r.mlx_version,
             created_at=r.created_at,
+            revision=r.revision,
         )
         for r in picked.values()
         if r.best_median_us is not None

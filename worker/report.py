@@ -8,11 +8,14 @@ import math
 import re
 from typing import Any
 
+from kernelfleet.worker.revision import REVISION_RE
+
 STATUSES = {"ok", "compile_error", "launch_error", "mismatch", "unsupported"}
 BACKENDS = {"metal", "cuda", "cpu"}
 MAX_TRIALS, MAX_SAMPLES, MAX_GOLDEN_SAMPLE = 512, 1000, 256
 _TOP = {"kernel", "shape", "dtype", "seed", "strategy", "env", "trials", "best_config_key", "golden"}
-_OPTIONAL_TOP = {"measured_at"}  # ISO 8601 UTC, the worker's clock when it finished measuring
+# measured_at: ISO 8601 UTC, the worker's clock when it finished measuring; revision: the kernels' source
+_OPTIONAL_TOP = {"measured_at", "revision"}
 _ENV = {"chip", "backend", "mlx_version", "os", "driver", "kernel_hash", "gpu_cores", "memory_bytes"}
 _TRIAL = {"config_key", "config", "is_builtin", "status", "error", "samples_us", "median_us", "p10_us",
           "p90_us", "n", "max_abs_err", "max_rel_err"}
@@ -36,6 +39,8 @@ def report_problems(report: dict[str, Any]) -> list[str]:
     if "measured_at" in report and not re.fullmatch(r"\d{4}-\d\d-\d\dT[\d:.]+(Z|[+-]\d\d:\d\d)",
                                                     str(report["measured_at"])):
         p.append("measured_at must be an ISO 8601 time with its UTC offset")
+    if "revision" in report and not REVISION_RE.match(str(report["revision"])):
+        p.append("revision must be 1-64 letters, digits and . _ + - (a git commit or a version)")
     for k in ("kernel", "shape", "dtype", "strategy", "best_config_key"):
         if not isinstance(report.get(k), str) or not report.get(k):
             p.append(f"{k} must be a non-empty string")

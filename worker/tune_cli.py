@@ -16,6 +16,7 @@ from rich.table import Table
 from kernelfleet.kernels.spec import DTYPES, KernelError
 from kernelfleet.worker.backends import BackendError
 from kernelfleet.worker.measure import MeasureError
+from kernelfleet.worker.revision import REVISION_RE
 from kernelfleet.worker.search import DEFAULT_STRATEGY, strategy_names
 from kernelfleet.worker.search.base import SearchError
 
@@ -96,6 +97,9 @@ def tune_command(
     backend: str | None = typer.Option(None, "--backend", help="metal, cuda or cpu (default: detected)"),
     as_json: bool = typer.Option(False, "--json", help="print the tuning report as JSON on stdout"),
     out: Path | None = typer.Option(None, "--out", help="append the report as one JSON line to this file"),
+    revision: str | None = typer.Option(None, "--revision",
+                                        help="the kernels' source revision to record, e.g. a git commit "
+                                             "(default: this install's git commit, else its version)"),
 ) -> None:
     """Tune one kernel for one shape and dtype on this machine."""
     from kernelfleet.worker.backends import get_backend
@@ -108,6 +112,9 @@ def tune_command(
         Budget(budget)
         if backend is not None:
             get_backend(backend)
+        if revision is not None and not REVISION_RE.match(revision):
+            raise _fail(f"--revision {revision!r}: use 1-64 letters, digits and . _ + - "
+                        f"(a git commit or a version)", USAGE_ERROR)
     except (KernelError, SearchError, BackendError) as e:
         raise _fail(str(e), USAGE_ERROR) from e
     if out is not None:  # find an unwritable --out before tuning, not after
@@ -126,6 +133,7 @@ def tune_command(
     try:
         with progress:
             report = tune(kernel, shape, dtype, strategy=strategy, seed=seed, budget=budget, backend=backend,
+                          revision=revision,
                           progress=on_progress)
     except (KernelError, SearchError, BackendError) as e:
         raise _fail(str(e), USAGE_ERROR) from e

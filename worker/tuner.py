@@ -32,6 +32,7 @@ from kernelfleet.worker.backends import Backend, detect_backend, get_backend
 from kernelfleet.worker.chip import ChipInfo, detect_chip, parse_cpuinfo_model
 from kernelfleet.worker.golden import golden
 from kernelfleet.worker.measure import AllCandidatesFailed, Measurer, Trial
+from kernelfleet.worker.revision import installed_revision
 from kernelfleet.worker.search import Budget, get_strategy
 from kernelfleet.worker.search.model import prior_order
 
@@ -120,10 +121,12 @@ def _cap(configs: list[Config], seed: int) -> list[Config]:
 
 def tune_spec(spec: KernelSpec, shape: str | Shape, dtype: str, *, strategy: str = "halving", seed: int = 0,
               budget: float | None = None, backend: str | Backend | None = None,
-              progress: Progress | None = None, configs: Sequence[Config] | None = None) -> TuneOutcome:
+              progress: Progress | None = None, configs: Sequence[Config] | None = None,
+              revision: str | None = None) -> TuneOutcome:
     """Search ``spec``'s candidates on a backend and return the report plus timings.
 
-    ``configs`` overrides the backend's candidate list (the built-in is always added).
+    ``configs`` overrides the backend's candidate list (the built-in is always added). ``revision``
+    (the kernels' source revision) defaults to this install's (:mod:`kernelfleet.worker.revision`).
     """
     t_start = time.perf_counter()
     dims = resolve(spec, shape, dtype)
@@ -174,6 +177,9 @@ def tune_spec(spec: KernelSpec, shape: str | Shape, dtype: str, *, strategy: str
         "golden": gold,
         "measured_at": datetime.now(UTC).isoformat(),
     }
+    revision = revision or installed_revision()
+    if revision:
+        report["revision"] = revision
     if progress is not None:
         progress(total, total)
     return TuneOutcome(report=report, trials=trials, best=best, prepare_s=measurer.prepare_s,
@@ -182,7 +188,7 @@ def tune_spec(spec: KernelSpec, shape: str | Shape, dtype: str, *, strategy: str
 
 def tune(kernel: str, shape: str, dtype: str, *, strategy: str = "halving", seed: int = 0,
          budget: float | None = None, backend: str | None = None,
-         progress: Callable[[int, int], None] | None = None) -> dict:
+         progress: Callable[[int, int], None] | None = None, revision: str | None = None) -> dict:
     """Tune catalog kernel ``kernel`` and return the tuning report (shared contract).
 
     Raises UnknownKernel, BadShape, UnsupportedDtype, UnknownStrategy, UnknownBackend /
@@ -191,4 +197,4 @@ def tune(kernel: str, shape: str, dtype: str, *, strategy: str = "halving", seed
     """
     spec = get_spec(kernel)
     return tune_spec(spec, shape, dtype, strategy=strategy, seed=seed, budget=budget, backend=backend,
-                     progress=progress).report
+                     progress=progress, revision=revision).report

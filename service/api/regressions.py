@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func, select
 
+from kernelfleet.service.campaign_control import cancel_confirmations
 from kernelfleet.service.deps import AdminDep, DashboardDep, DbDep, SettingsDep
 from kernelfleet.service.errors import NotFound
 from kernelfleet.service.models import Regression, RegressionStatus
@@ -59,6 +60,8 @@ class AcknowledgeIn(Strict):
 
 class AcknowledgeOut(BaseModel):
     acknowledged: list[int]
+    cancelled_jobs: list[int] = Field(default_factory=list,
+                                      description="their queued confirmation jobs, now cancelled")
 
 
 class ScanOut(BaseModel):
@@ -132,9 +135,8 @@ def acknowledge(
 ) -> AcknowledgeOut:
     with db() as session:
         body = body or AcknowledgeIn()
-        return AcknowledgeOut(
-            acknowledged=engine.acknowledge(session, regression_id, body.note, body.whole_group)
-        )
+        ids = engine.acknowledge(session, regression_id, body.note, body.whole_group)
+        return AcknowledgeOut(acknowledged=ids, cancelled_jobs=cancel_confirmations(session, ids))
 
 
 @router.post("/regressions/scan")

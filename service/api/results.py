@@ -1,20 +1,97 @@
-"""Results: ``POST /results/import`` (admin) stores reports made outside a lease (``kernelfleet tune``).
+"""Results: ``GET /results`` (public-read per settings): every stored run, filtered and keyset-paged,
+as JSON or CSV; ``POST /results/import`` (admin) stores reports made outside a lease
+(``kernelfleet tune``).
 
 Import is idempotent: a report is keyed on the digest of its canonical JSON, and one already
 imported (or repeated within the request) is not stored again; its earlier result id is returned."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, status
+from datetime import datetime
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Request, status
+from fastapi.responses import Response
 from sqlalchemy import select
 
 from kernelfleet.service.db import immediate
-from kernelfleet.service.deps import AdminDep, DbDep
+from kernelfleet.service.deps import AdminDep, DashboardDep, DbDep
+from kernelfleet.service.errors import Invalid
 from kernelfleet.service.models import Result
+from kernelfleet.service.params import OptRowId
 from kernelfleet.service.reports import store_report
-from kernelfleet.service.schemas import ImportIn, ImportOut
+from kernelfleet.service.result_export import ResultFilter, ResultPage, page, to_csv
+from kernelfleet.service.schemas import BackendName, DType, ImportIn, ImportOut
 
 router = APIRouter(tags=["results"])
+
+Values = Annotated[list[str], Query()]  # repeatable: ?chip=A&chip=B
+MAX_VALUES = 64
+CSV = "text/csv"
+# a date, optionally with a time and a UTC offset (datetime.fromisoformat's forms); never a number
+ISO_TIME = r"^\d{4}-\d{2}-\d{2}([T ]\d{2}(:\d{2}(:\d{2}(\.\d{1,6})?)?)?(Z|[+-]\d{2}(:?\d{2})?)?)?$"
+
+
+def _time(name: str, value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        raise Invalid(f"{name}: {value!r} is not an ISO 8601 time such as 2026-11-26T15:00:00Z") from None
+
+
+def _values(name: str, values: list[str]) -> list[str]:
+    if len(values) > MAX_VALUES:
+        raise Invalid(f"{name}: at most {MAX_VALUES} values")
+    for v in values:
+        if not v or len(v) > 128:
+            raise Invalid(f"{name}: each value must be 1-128 characters, got {v[:40]!r}")
+    return values
+
+
+@router.get("/results", response_model=ResultPage,
+            responses={200: {"content": {CSV: {"schema": {"type": "string"}}},
+                             "description": "a page of runs (JSON, or CSV: format=csv or Accept: text/csv)"}})
+def list_results(
+    request: Request,
+    _: DashboardDep,
+    db: DbDep,
+    chip: Values = [],  # noqa: B006 - FastAPI copies defaults
+    kernel: Values = [],  # noqa: B006
+    shape: Values = [],  # noqa: B006
+    dtype: Annotated[list[DType], Query()] = [],  # noqa: B006
+    backend: Annotated[list[BackendName], Query()] = [],  # noqa: B006
+    mlx_version: Values = [],  # noqa: B006
+    revision: Values = [],  # noqa: B006
+    source: Annotated[list[Literal["lease", "import"]], Query()] = [],  # noqa: B006
+    since: Annotated[str | None, Query(pattern=ISO_TIME, description="stored at or after (ISO 8601; UTC if "
+                                       "no offset)")] = None,
+    until: Annotated[str | None, Query(pattern=ISO_TIME, description="stored before (ISO 8601)")] = None,
+    cursor: Annotated[OptRowId, Query(description="next_cursor of the previous page")] = None,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+    format: Annotated[Literal["json", "csv"] | None, Query(
+        description="json or csv (default: from the Accept header, else json)")] = None,
+) -> ResultPage | Response:
+    """Stored runs, newest first, ``limit`` per page; pass ``next_cursor`` as ``cursor`` for the next
+    page (CSV: the ``Link: <...>; rel="next"`` header and ``X-Next-Cursor``)."""
+    filters = ResultFilter(
+        chip=_values("chip", chip), kernel=_values("kernel", kernel), shape=_values("shape", shape),
+        dtype=dtype, backend=backend, mlx_version=_values("mlx_version", mlx_version),
+        revision=_values("revision", revision), source=source, since=_time("since", since),
+        until=_time("until", until),
+    )
+    with db() as session:
+        items, next_cursor = page(session, filters, limit, cursor)
+    next_url = str(request.url.include_query_params(cursor=next_cursor)) if next_cursor else None
+    wants_csv = format == "csv" or (format is None and CSV in request.headers.get("accept", ""))
+    if not wants_csv:
+        return ResultPage(items=items, next_cursor=next_cursor, next=next_url)
+    headers = {"Content-Disposition": 'attachment; filename="kernelfleet-results.csv"'}
+    if next_url:
+        headers["Link"] = f'<{next_url}>; rel="next"'
+        headers["X-Next-Cursor"] = str(next_cursor)
+    return Response(to_csv(items), media_type="text/csv; charset=utf-8", headers=headers)
 
 
 @router.post("/results/import", status_code=status.HTTP_201_CREATED)

@@ -23,7 +23,7 @@ from kernelfleet.service.regressions.base import ATTRIBUTES, RunPoint
 # attributes that change for a whole host or the whole fleet at once, so one cause may hit many chips
 SHARED_CAUSES = ("mlx_version", "os", "driver", "kernel_hash")
 GROUP_KEY_MAX = 256
-KNOWN_ONLY = ("worker",)
+KNOWN_ONLY = ("worker", "revision")  # runs that did not say are not a change
 
 
 def reference_runs(history: Sequence[RunPoint], min_effect: float, last: int = 3) -> list[RunPoint]:

@@ -10,7 +10,7 @@ from typing import Protocol
 import numpy as np
 
 # attributes of a run that may explain a regression, in the order attribution reports them
-ATTRIBUTES = ("mlx_version", "os", "driver", "kernel_hash", "config_key", "worker")
+ATTRIBUTES = ("mlx_version", "revision", "os", "driver", "kernel_hash", "config_key", "worker")
 
 
 @dataclass(frozen=True)

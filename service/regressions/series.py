@@ -76,6 +76,7 @@ def to_run(
         n=int(n or 0),
         attrs={
             "mlx_version": result.mlx_version,
+            "revision": result.revision,
             "os": result.os,
             "driver": result.driver,
             "kernel_hash": result.kernel_hash,

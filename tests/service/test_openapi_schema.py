@@ -18,7 +18,10 @@ def test_openapi_declares_string_details_error_statuses_and_bearer_auth(coordina
         "type": "http", "scheme": "bearer", "description": "the admin token or a worker's token"}
     ops = {(method.upper(), path): op
            for path, item in schema["paths"].items() for method, op in item.items()}
-    assert len(ops) == 24
+    assert len(ops) == 29
+    results = ops[("GET", "/api/v1/results")]["responses"]["200"]["content"]
+    assert {"application/json", "text/csv"} <= set(results)
+    assert "409" in ops[("POST", "/api/v1/campaigns/{campaign_id}/retry")]["responses"]
     for (method, path), op in ops.items():
         responses = op["responses"]
         for status in ("422", "500", "503"):

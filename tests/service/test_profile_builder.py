@@ -101,3 +101,24 @@ def test_two_replicas_never_build_one_chip_at_once(coordinator_factory: Any) -> 
         body = first.profile(chip)
         measured = {e["shape"] for e in body["entries"] if not e["predicted"]}
         assert {f"{n}x4096" for n in range(1, 9)} <= measured
+
+
+def test_a_busy_chip_is_rebuilt_at_most_once_per_interval(coordinator_factory: Any) -> None:
+    # results keep arriving for one chip: its requests coalesce into one build per interval (3 s here)
+    coordinator = coordinator_factory(KERNELFLEET_PROFILE_MIN_INTERVAL_SECONDS="3")
+    with coordinator.admin() as admin:
+        for n in range(6):
+            report = make_report(shape=f"{n + 1}x4096")
+            assert admin.post("/results/import", json={"reports": [report]}).status_code == 201
+            time.sleep(1.0)
+    _wait_idle(coordinator)
+    builds = _rows(coordinator, select(ProfileBuild.started_at, ProfileBuild.finished_at,
+                                       ProfileBuild.requests)
+                   .where(ProfileBuild.chip == CHIP).order_by(ProfileBuild.started_at))
+    # the imports span 5 s: the first one's build, then at least one for the later ones
+    assert len(builds) >= 2 and sum(b.requests for b in builds) >= 6  # calibrations queue some too
+    for earlier, later in zip(builds, builds[1:], strict=False):
+        assert (_utc(later.started_at) - _utc(earlier.finished_at)).total_seconds() >= 3.0
+    # nothing was lost to the coalescing: the last version holds every shape
+    measured = {e["shape"] for e in coordinator.profile(CHIP)["entries"] if not e["predicted"]}
+    assert {f"{n}x4096" for n in range(1, 7)} <= measured

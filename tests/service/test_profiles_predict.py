@@ -94,3 +94,31 @@ def test_score_rises_with_agreement_and_nearby_evidence() -> None:
     assert agreed.score == pytest.approx(agreed.nearest / (agreed.nearest + 0.002))
     assert agreed.near_share == 1.0 and disputed.near_share == pytest.approx(0.5)
     assert agreed.score > disputed.score and agreed.score > distant.score
+
+
+def test_another_chip_that_measured_the_very_shape_decides_alone() -> None:
+    # the H100 measured 4096x4096 ("a" best) and many other sizes where "b" wins: for the H200, which
+    # measured nothing of the kernel, the exact shape decides; with data of its own, every source counts
+    other_sizes = {(K, f"{n}x4096", "float16"): {"a": 1.2 * n, "b": 1.0 * n}
+                   for n in (1024, 2048, 8192, 16384)}
+    h100 = {**other_sizes, (K, "4096x4096", "float16"): {"a": 1.0, "b": 1.3}}
+    obs = {"NVIDIA H100 80GB HBM3": h100}
+    p = predict("NVIDIA H200", K, "4096x4096", "float16", obs)
+    assert p is not None and p.config_key == "a" and p.cross_chip
+    assert [b["shape"] for b in p.basis] == ["4096x4096"]
+    obs["NVIDIA H200"] = {(K, "2048x4096", "float16"): {"a": 2.4, "b": 2.0}}
+    own = predict("NVIDIA H200", K, "4096x4096", "float16", obs)
+    assert own is not None and not own.cross_chip
+    assert {b["chip"] for b in own.basis} == {"NVIDIA H200", "NVIDIA H100 80GB HBM3"}
+
+
+def test_a_chip_with_more_bandwidth_breaks_the_sources_ties_by_work_per_thread() -> None:
+    # on the H100 three configs tie within 2 %; the H200 (4.8 vs 3.35 TB/s) takes the one with the most
+    # elements per thread (ipt x vec); a chip with less bandwidth keeps the fastest on the source
+    times = {"ipt=1,tg=256,vec=4": 100.0, "ipt=2,tg=64,vec=8": 101.5, "ipt=4,tg=64,vec=8": 104.0,
+             "ipt=1,tg=128,vec=2": 101.0, "builtin": 130.0}
+    obs = {"NVIDIA H100 80GB HBM3": {("swiglu", "16384x8192", "bfloat16"): times}}
+    h200 = predict("NVIDIA H200", "swiglu", "16384x8192", "bfloat16", obs)
+    assert h200 is not None and h200.config_key == "ipt=2,tg=64,vec=8"  # 104.0 is past the 2 % band
+    a100 = predict("NVIDIA A100 80GB", "swiglu", "16384x8192", "bfloat16", obs)
+    assert a100 is not None and a100.config_key == "ipt=1,tg=256,vec=4"
