@@ -32,8 +32,8 @@ test: lint typecheck pytest ## Everything CI checks: ruff, mypy and pytest
 lint: $(STAMP) ## ruff
 	$(BIN)/ruff check .
 
-typecheck: $(STAMP) ## mypy over service/, worker/, kernels/ and web/
-	$(BIN)/mypy service worker kernels web
+typecheck: $(STAMP) ## mypy over service/, worker/, kernels/, web/ and kernelfleet/
+	$(BIN)/mypy service worker kernels web kernelfleet
 
 pytest: $(STAMP) ## pytest (SQLite always; PostgreSQL too when KERNELFLEET_TEST_POSTGRES_URL is set)
 	$(BIN)/pytest $(PYTEST_ARGS)

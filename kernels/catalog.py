@@ -1,11 +1,16 @@
 """The registry of catalog kernels: one module per kernel (``<name>_kernel.py``, so it never shadows
-the public function ``kernelfleet.kernels.<name>``), each exporting ``SPEC``."""
+the public function ``kernelfleet.kernels.<name>``), each exporting ``SPEC``.
+
+A second kernel source, zmlx's own kernels (``zmlx_family``, names ``zmlx_*``), is looked up by
+:func:`get_spec` too; :data:`NAMES` and :func:`all_specs` stay our own kernels (rendered from the
+dialect for Metal and CUDA), :data:`ZMLX_NAMES` / :func:`zmlx_specs` are zmlx's (Metal only)."""
 
 from __future__ import annotations
 
 import importlib
 from functools import cache
 
+from . import zmlx_family
 from .spec import KernelSpec, UnknownKernel
 
 NAMES: tuple[str, ...] = (
@@ -24,10 +29,15 @@ NAMES: tuple[str, ...] = (
 )
 
 
+ZMLX_NAMES: tuple[str, ...] = zmlx_family.NAMES
+
+
 @cache
 def get_spec(name: str) -> KernelSpec:
+    if name in ZMLX_NAMES:
+        return zmlx_family.spec(name)
     if name not in NAMES:
-        raise UnknownKernel(f"unknown kernel {name!r}; known kernels: {', '.join(NAMES)}")
+        raise UnknownKernel(f"unknown kernel {name!r}; known kernels: {', '.join(NAMES + ZMLX_NAMES)}")
     module = importlib.import_module(f"{__package__}.{name}_kernel")
     spec: KernelSpec = module.SPEC
     return spec
@@ -35,3 +45,7 @@ def get_spec(name: str) -> KernelSpec:
 
 def all_specs() -> list[KernelSpec]:
     return [get_spec(n) for n in NAMES]
+
+
+def zmlx_specs() -> list[KernelSpec]:
+    return [get_spec(n) for n in ZMLX_NAMES]

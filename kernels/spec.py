@@ -136,6 +136,8 @@ class KernelSpec:
     # compiling anything: the "model" search strategy measures only the best few by it. None -> the
     # tuner's generic prior (distance from the default config).
     prior: Callable[[Shape, str, Config], float] | None = None
+    # the GPU backends whose workers offer the custom configs (zmlx's kernels: Metal only)
+    backends: tuple[GpuBackend, ...] = ("metal", "cuda")
 
     def tolerance(self, dtype: str) -> Tolerance:
         return self.tolerances[dtype]

@@ -280,6 +280,7 @@ class CampaignIn(Strict):
         if n > MAX_CAMPAIGN_JOBS:
             raise ValueError(f"this campaign would create {n} jobs; the limit is {MAX_CAMPAIGN_JOBS}")
         _check_against_catalog(self.shape_sets(), self.dtypes)
+        self.target_backend = _backend_for(list(self.shape_sets()), self.target_backend, self.target_chip)
         return self
 
     def shape_sets(self) -> dict[str, list[str]]:
@@ -315,6 +316,28 @@ def _check_against_catalog(kernel_shapes: dict[str, list[str]], dtypes: Sequence
     if problems:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise ValueError("; ".join(problems[:5]) + more)
+
+
+def _backend_for(kernels: Sequence[str], target: str | None, chip: str | None) -> Any:
+    """The campaign's backend: kernels whose custom configs run on one backend only (zmlx's:
+    Metal) make the campaign target it; naming another backend is refused."""
+    from kernelfleet.kernels.catalog import get_spec
+
+    only = {b for k in kernels if len(bs := get_spec(k).backends) == 1 for b in bs}
+    if not only:
+        return target
+    if len(only) > 1 or (target is not None and target not in only):
+        runs = ", ".join(f"{k} runs on {'/'.join(get_spec(k).backends)}" for k in kernels
+                         if len(get_spec(k).backends) == 1)
+        raise ValueError(f"no backend can run every kernel of this campaign ({runs}); "
+                         f"target_backend {target!r} cannot")
+    backend = next(iter(only))
+    from kernelfleet.service.chips import backend_of
+
+    if chip is not None and backend_of(chip) not in (None, backend):
+        raise ValueError(f"target_chip {chip!r} is not a {backend} chip, and {', '.join(kernels)} "
+                         f"run custom kernels on {backend} only")
+    return backend
 
 
 class Progress(BaseModel):

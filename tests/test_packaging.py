@@ -52,6 +52,7 @@ def test_wheel_installs_and_imports_outside_the_repo(tmp_path: Path) -> None:
     missing += [str(p.relative_to(ROOT)) for p in (ROOT / "kernelfleet").glob("*.py")
                 if f"kernelfleet/{p.name}" not in names]  # the top-level package: kernelfleet.patch
     assert not missing, f"files missing from the wheel (list their packages in pyproject.toml): {missing}"
+    assert {"kernelfleet/__init__.py", "kernelfleet/zmlx.py"} <= set(names)  # the top package, kernelfleet/
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
@@ -66,7 +67,7 @@ def test_wheel_installs_and_imports_outside_the_repo(tmp_path: Path) -> None:
     prelude = f"import sys; sys.path.append({deps!r})\n"
     code = prelude + (
         "import kernelfleet.service.app, kernelfleet.worker.cli, kernelfleet.web, kernelfleet.kernels, "
-        "kernelfleet.migrations\n"
+        "kernelfleet.migrations, kernelfleet.zmlx\n"
         "import kernelfleet.service as s; print(s.__file__)\n"
         + LAZY_PATCH
     )

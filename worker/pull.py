@@ -187,18 +187,17 @@ def pull(
     elif target.family is None:
         skipped = f"zmlx keys devices by Apple-silicon family; {target.chip!r} is not an Apple chip"
     else:
-        key = zmlx_cache.device_key(target.family, target.variant, target.mlx_version)
+        key = zmlx_cache.device_key(target.chip, target.mlx_version)
+        family, variant = zmlx_cache.zmlx_family_variant(target.chip)
         meta = {
-            "family": target.family,
-            "variant": target.variant or "",
+            "family": family,
+            "variant": variant,
             "source": "kernelfleet",
             "chip": target.chip,
             "profile_version": body.get("version"),
             "profile_etag": body.get("etag"),
         }
-        threshold = float(body.get("confidence_threshold") or 0.0)
-        trusted = [e for e in entries if not e.get("predicted")
-                   or ("fallback" not in e and float(e.get("confidence") or 0.0) >= threshold)]
+        trusted = trusted_entries(body)
         try:
             merged = zmlx_cache.merge({**body, "entries": trusted}, key, meta, progress=progress)
         except (OSError, zmlx_cache.ZmlxCacheError) as e:
@@ -216,6 +215,14 @@ def pull(
         zmlx=merged,
         zmlx_skipped=skipped,
     )
+
+
+def trusted_entries(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The entries a runtime may act on: measured ones, and predicted ones at or above the profile's
+    confidence threshold that did not fall back to the built-in."""
+    threshold = float(body.get("confidence_threshold") or 0.0)
+    return [e for e in body.get("entries", []) if not e.get("predicted")
+            or ("fallback" not in e and float(e.get("confidence") or 0.0) >= threshold)]
 
 
 def describe(result: PullResult) -> str:

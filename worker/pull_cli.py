@@ -84,7 +84,8 @@ def pull_command(
         z = result.zmlx
         out.print(
             f"zmlx cache: {plural(z.written, 'entry', 'entries')} under {z.device_key} -> {z.path} "
-            f"({plural(z.kept_devices, 'other device')} kept)",
+            f"({z.zmlx_kernels} for zmlx's own kernels, {z.written - z.zmlx_kernels} for KernelFleet's; "
+            f"{plural(z.kept_devices, 'other device')} kept)",
             highlight=False,
         )
         if z.backup is not None:

@@ -80,6 +80,11 @@ def kernels_command() -> None:
     for spec in sorted(specs, key=lambda s: s.name):
         # Text, not markup: descriptions hold brackets ("returns [normed, new residual]")
         table.add_row(spec.name, ", ".join(spec.dtypes), Text(spec.description), Text(spec.shape_doc))
+    from kernelfleet.kernels.catalog import zmlx_specs
+
+    for spec in zmlx_specs():  # zmlx's own kernels (kernels/zmlx_family.py)
+        table.add_row(spec.name, ", ".join(spec.dtypes),
+                      Text(f"{spec.description} [Metal only, needs zmlx]"), Text(spec.shape_doc))
     out_console.print(table)
 
 

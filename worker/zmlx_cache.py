@@ -5,12 +5,26 @@ What zmlx 0.10 does (``zmlx/autotune.py``, ``zmlx/device.py``), and so what this
 - the file is ``$ZMLX_CACHE_DIR/autotune_v3.json``, else ``~/.cache/zmlx/autotune_v3.json``;
 - ``{"schema_version": "3.0", "devices": {<device key>: {"metadata": {...}, "entries": {...},
   "saved_at": "YYYY-MM-DDTHH:MM:SS"}}}``;
-- the device key is ``f"{family}_{variant}".rstrip("_") + "_" + mlx_version``: ``M3_Max_0.32.4``,
-  ``M3_0.32.4`` for a base chip;
+- the device key is ``f"{family}_{variant}".rstrip("_") + "_" + mlx_version``, where zmlx's
+  ``detect_device`` takes (family, variant) from the first of its chip names ("Apple M1",
+  "Apple M1 Pro", ..., in that order) that the CPU brand string contains. "Apple M3 Max" contains
+  "Apple M3", which comes first, so on a Mac every variant gets its base family's key:
+  ``M3_0.32.4`` on an M3, M3 Pro, M3 Max alike (:func:`device_key`);
 - an entry's key is ``json.dumps({"name", "shapes", "dtypes", "grid", "t_params"})`` of the kernel
   launch (kernel name, input shapes, ``str(dtype)`` of each input such as ``mlx.core.float16``,
   the grid, ``[["tuning", "templates"]]`` when the template was tuned), its value
   ``{"tg": [x, y, z], "template": [[name, value], ...]}``.
+
+Two kinds of entries, written side by side under the device key:
+
+- zmlx's own kernels (the catalog's ``zmlx_*`` family, :func:`zmlx_entries`): the key is exactly
+  what ``zmlx.autotune.get_autotuned_config`` builds for the launch zmlx's function makes at the
+  tuned config, captured off a Mac (``kernels.zmlx_capture``): zmlx's kernel name
+  (``kk_rmsnorm_D4096_TG128_E1e_06``), input shapes, ``str(dtype)``s, grid, and ``t_params`` ``[]``
+  (zmlx adds ``["tuning", "templates"]`` only when it searches over several templates); the value is
+  ``{"tg": [tg, 1, 1], "template": []}``, as ``autotune_kernel`` stores it (the caller passes its
+  own template).
+- our own kernels (:func:`kernelfleet_entries`, names ``kf_*``): as below.
 
 KernelFleet's entries come from the exact launch a config makes (``kernels.launch.capture``, which
 renders without running, so it works on any machine; the inputs are shape-only placeholders,
@@ -47,9 +61,41 @@ def cache_path() -> Path:
     return Path(base if base is not None else Path.home() / ".cache" / "zmlx") / FILE_NAME
 
 
-def device_key(family: str, variant: str | None, mlx_version: str) -> str:
-    """zmlx's device key: ``M3_Max_0.32.4``, ``M3_0.32.4`` for a base chip."""
-    return f"{family}_{variant or ''}".rstrip("_") + f"_{mlx_version}"
+def _zmlx_chip_names() -> list[tuple[str, tuple[str, str]]]:
+    """zmlx's chip names in the order ``detect_device`` tries them: the installed zmlx's own table,
+    else the chip table's Apple rows (the same names in the same order as zmlx 0.10's)."""
+    try:
+        from zmlx.device import _FAMILY_PATTERNS
+
+        return list(_FAMILY_PATTERNS.items())
+    except ImportError:
+        from kernelfleet.service.chips import TABLE
+
+        out = []
+        for row in TABLE:
+            if row.backend == "metal":
+                family, _, variant = row.name.removeprefix("Apple ").partition(" ")
+                out.append((row.name, (family, variant)))
+        return out
+
+
+def zmlx_family_variant(chip: str) -> tuple[str, str]:
+    """(family, variant) as zmlx's ``detect_device`` finds them on a Mac whose CPU brand string is
+    ``chip``'s name in the chip table: the first zmlx chip name the brand contains, else Unknown."""
+    from kernelfleet.service.chips import lookup
+
+    row = lookup(chip)
+    brand = row.name if row is not None else chip.strip()
+    for pattern, (family, variant) in _zmlx_chip_names():
+        if pattern in brand:
+            return family, variant
+    return "Unknown", ""
+
+
+def device_key(chip: str, mlx_version: str) -> str:
+    """zmlx's device key on a Mac with ``chip``: ``M3_0.32.4`` for an M3 Max (see the module doc)."""
+    family, variant = zmlx_family_variant(chip)
+    return f"{family}_{variant}".rstrip("_") + f"_{mlx_version}"
 
 
 def _plain(value: Any) -> Any:
@@ -61,7 +107,43 @@ def _plain(value: Any) -> Any:
 
 
 def launch_entries(kernel: str, shape: str, dtype: str, config: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The zmlx cache entries (key string -> value) of the launches ``config`` makes at ``shape``."""
+    """The zmlx cache entries (key string -> value) of the launches ``config`` makes at ``shape``:
+    :func:`zmlx_entries` for the catalog's zmlx kernels, :func:`kernelfleet_entries` for ours."""
+    from kernelfleet.kernels.catalog import ZMLX_NAMES
+
+    if kernel in ZMLX_NAMES:
+        return zmlx_entries(kernel, shape, dtype, config)
+    return kernelfleet_entries(kernel, shape, dtype, config)
+
+
+def autotune_key(name: str, shapes: Iterable[Iterable[int]], dtypes: Iterable[Any], grid: Iterable[int],
+                 t_params: list[list[str]]) -> str:
+    """An entry key as zmlx's ``save_autotune_cache`` writes an ``AutotuneKey``."""
+    return json.dumps({"name": name, "shapes": [list(s) for s in shapes], "dtypes": [str(d) for d in dtypes],
+                       "grid": list(grid), "t_params": t_params})
+
+
+def zmlx_entries(kernel: str, shape: str, dtype: str, config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The entries of the launches zmlx's own function makes at ``config`` (captured, not run)."""
+    from kernelfleet.kernels.catalog import get_spec
+    from kernelfleet.kernels.common import shapes_only
+    from kernelfleet.kernels.spec import parse_shape
+    from kernelfleet.kernels.zmlx_capture import capture
+
+    spec = get_spec(kernel)
+    dims = parse_shape(shape)
+    fn = spec.build(config, "metal", dims, dtype)
+    with shapes_only():
+        inputs = spec.make_inputs(dims, dtype, 0)
+    with capture() as records:
+        fn(inputs)
+    return {autotune_key(r.name, r.input_shapes, r.input_dtypes, r.grid, []):
+            {"tg": list(r.threadgroup), "template": []} for r in records}
+
+
+def kernelfleet_entries(kernel: str, shape: str, dtype: str,
+                        config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The entries of the launches our own kernel makes at ``config``."""
     import importlib
 
     from kernelfleet.kernels.common import shapes_only
@@ -77,15 +159,8 @@ def launch_entries(kernel: str, shape: str, dtype: str, config: dict[str, Any]) 
         fn(inputs)
     out: dict[str, dict[str, Any]] = {}
     for rec in records:
-        key = json.dumps(
-            {
-                "name": rec.rendered.name,
-                "shapes": [list(s) for s in rec.input_shapes],
-                "dtypes": [str(d) for d in rec.input_dtypes],
-                "grid": list(rec.launch.grid),
-                "t_params": [["tuning", "templates"]],
-            }
-        )
+        key = autotune_key(rec.rendered.name, rec.input_shapes, rec.input_dtypes, rec.launch.grid,
+                           [["tuning", "templates"]])
         out[key] = {
             "tg": list(rec.launch.threadgroup),
             "template": [[name, _plain(value)] for name, value in rec.launch.template],
@@ -97,7 +172,8 @@ def launch_entries(kernel: str, shape: str, dtype: str, config: dict[str, Any]) 
 class MergeResult:
     path: Path
     device_key: str
-    written: int  # entries written for this device key
+    written: int  # entries written for this device key, both kinds
+    zmlx_kernels: int = 0  # of those, entries for zmlx's own kernels (the rest are KernelFleet's)
     skipped: list[str] = field(default_factory=list)  # "kernel shape dtype: why"
     backup: Path | None = None  # where an unreadable old file was kept
     kept_devices: int = 0  # other devices' sections left as they were
@@ -147,14 +223,20 @@ def merge(
 ) -> MergeResult:
     """Write ``profile``'s custom-config entries under device ``key``, keeping everything else."""
     target = path or cache_path()
+    from kernelfleet.kernels.catalog import ZMLX_NAMES
+
     entries: dict[str, dict[str, Any]] = {}
+    zmlx_keys: set[str] = set()
     skipped: list[str] = []
     for e in progress(profile.get("entries", [])):
         config = e.get("config") or {}
         if config == {"variant": "builtin"}:
             continue
         try:
-            entries.update(entries_of(e["kernel"], e["shape"], e["dtype"], dict(config)))
+            made = entries_of(e["kernel"], e["shape"], e["dtype"], dict(config))
+            entries.update(made)
+            if e["kernel"] in ZMLX_NAMES:
+                zmlx_keys.update(made)
         except Exception as exc:  # an entry the local catalog cannot render: report it, keep going
             skipped.append(f"{e.get('kernel')} {e.get('shape')} {e.get('dtype')}: {exc}")
     data, backup = _load_existing(target)
@@ -177,6 +259,7 @@ def merge(
         path=target,
         device_key=key,
         written=len(entries),
+        zmlx_kernels=len(zmlx_keys),
         skipped=skipped,
         backup=backup,
         kept_devices=len(devices) - 1,

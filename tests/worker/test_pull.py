@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,10 @@ import numpy as np
 import pytest
 
 from kernelfleet.kernels import profile_file
-from kernelfleet.kernels.catalog import all_specs, get_spec
+from kernelfleet.kernels.catalog import ZMLX_NAMES, all_specs, get_spec
 from kernelfleet.kernels.launch import capture
 from kernelfleet.kernels.spec import config_key, format_shape
-from kernelfleet.worker.zmlx_cache import launch_entries
+from kernelfleet.worker.zmlx_cache import launch_entries, zmlx_entries
 
 M3_MAX = "Apple M3 Max"
 
@@ -39,16 +40,18 @@ def kf(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 
 def report(
-    chip: str, backend: str, shape: str, best_factor: float, rng: np.random.Generator
+    chip: str, backend: str, shape: str, best_factor: float, rng: np.random.Generator,
+    kernel: str = "rmsnorm", best: int | None = None,
 ) -> dict[str, Any]:
-    """An exhaustive rmsnorm report over the kernel's real config space at ``shape``: config i runs at
-    ``100 * (1 + 0.05 i)`` us except config ``len // 2``, which runs at ``100 * best_factor``."""
-    spec = get_spec("rmsnorm")
+    """An exhaustive report over the kernel's real config space at ``shape``: config i runs at
+    ``100 * (1 + 0.05 i)`` us except config ``best`` (default ``len // 2``), which runs at
+    ``100 * best_factor``."""
+    spec = get_spec(kernel)
     rows, cols = (int(d) for d in shape.split("x"))
     configs = spec.space((rows, cols), "float16")
     trials = []
     for i, c in enumerate(configs):
-        center = 100.0 * (best_factor if i == len(configs) // 2 else 1 + 0.05 * i)
+        center = 100.0 * (best_factor if i == (len(configs) // 2 if best is None else best) else 1 + 0.05 * i)
         samples = center * np.exp(rng.normal(0, 0.01, 20))
         trials.append(
             {
@@ -82,7 +85,7 @@ def report(
     )
     best = min(trials, key=lambda t: t["median_us"])["config_key"]
     return {
-        "kernel": "rmsnorm",
+        "kernel": kernel,
         "shape": shape,
         "dtype": "float16",
         "seed": 0,
@@ -113,15 +116,18 @@ def post_through_leases(
     shapes: list[str],
     rng: np.random.Generator,
     best_factor: float = 0.5,
+    kernels: tuple[str, ...] = ("rmsnorm",),
+    best: int | None = None,
 ) -> None:
-    """Enroll a worker for ``chip``, create a campaign for ``shapes``, lease every job and post its report."""
+    """Enroll a worker for ``chip``, create a campaign for ``kernels`` x ``shapes``, lease every job and
+    post its report."""
     with coordinator.admin() as admin:
         enroll = admin.post("/enroll-tokens", json={}).json()["token"]
         r = admin.post(
             "/campaigns",
             json={
                 "name": f"tune {chip}",
-                "kernels": ["rmsnorm"],
+                "kernels": list(kernels),
                 "shapes": shapes,
                 "dtypes": ["float16"],
                 "target_chip": chip,
@@ -142,16 +148,37 @@ def post_through_leases(
         )
         assert w.status_code == 201, w.text
     with coordinator.client(w.json()["token"]) as worker:
-        for _ in shapes:
+        for _ in range(len(shapes) * len(kernels)):
             lease = worker.post("/leases", json={})
             assert lease.status_code == 200, lease.text
             job = lease.json()
             body = {
                 "lease_token": job["lease_token"],
-                "report": report(chip, backend, job["shape"], best_factor, rng),
+                "report": report(chip, backend, job["shape"], best_factor, rng, job["kernel"], best),
             }
             assert worker.post(f"/jobs/{job['job_id']}/result", json=body).status_code == 201
         assert worker.post("/leases", json={}).status_code == 204
+
+
+def as_mac(monkeypatch: pytest.MonkeyPatch, brand: str) -> None:
+    """Make zmlx's real ``detect_device`` see an Apple-silicon Mac whose CPU brand string is ``brand``
+    (it reads ``platform`` and ``sysctl machdep.cpu.brand_string``); the ``mac_cache`` fixture drops
+    its cached answer afterwards."""
+    import zmlx.device as zd
+
+    monkeypatch.setattr(zd.platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(zd.platform, "machine", lambda: "arm64")
+    memsize = str(64 << 30)
+    monkeypatch.setattr(zd, "_sysctl", lambda key: brand if key == "machdep.cpu.brand_string" else memsize)
+    zd.detect_device.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def mac_cache() -> Iterator[None]:
+    yield
+    import zmlx.device as zd
+
+    zd.detect_device.cache_clear()
 
 
 @pytest.fixture
@@ -184,7 +211,7 @@ def test_pull_installs_profile_and_zmlx_reads_it(
 
     done = kf("pull", "--coordinator", coordinator.url, "--chip", M3_MAX, "--mlx-version", "0.32.4", env=dirs)
     assert done.returncode == 0, done.stderr
-    assert "M3_Max_0.32.4" in done.stdout
+    assert "M3_0.32.4" in done.stdout  # zmlx's key on an M3 Max (test_zmlx_device_key_is_zmlx_s_own)
 
     # KernelFleet's own profile file: tuned entries and the predicted one, read by lookup()
     body = json.loads(profile_file.profile_path(M3_MAX).read_text())
@@ -208,29 +235,15 @@ def test_pull_installs_profile_and_zmlx_reads_it(
     # zmlx's cache: other devices kept, and the real zmlx loader finds every entry for the device key
     data = json.loads(cache.read_text())
     assert data["schema_version"] == "3.0" and data["devices"]["M1_0.30.0"] == other["M1_0.30.0"]
-    ours = data["devices"]["M3_Max_0.32.4"]
+    ours = data["devices"]["M3_0.32.4"]
     customs = [e for e in body["entries"] if e["config_key"] != "builtin"]
     assert len(ours["entries"]) == len(customs) >= 4 and ours["metadata"]["chip"] == M3_MAX
 
     import zmlx.autotune as za
-    import zmlx.device as zd
 
-    # zmlx detects the device through sysctl on macOS; on this Linux host, answer as an M3 Max would
-    monkeypatch.setattr(
-        zd,
-        "detect_device",
-        lambda: zd.DeviceProfile(
-            family="M3",
-            variant="Max",
-            gpu_cores=40,
-            max_threadgroup_size=1024,
-            simd_width=32,
-            has_ray_tracing=True,
-            memory_gb=64,
-        ),
-    )
+    as_mac(monkeypatch, M3_MAX)
     za.GLOBAL_AUTOTUNE_CACHE.clear()
-    assert za._device_cache_key() == "M3_Max_0.32.4"
+    assert za._device_cache_key() == "M3_0.32.4"
     assert za.load_autotune_cache() == len(ours["entries"])
     assert len(za.GLOBAL_AUTOTUNE_CACHE) == len(customs)
     tg = int(tuned["config"]["tg"])
@@ -313,8 +326,8 @@ def test_corrupt_zmlx_cache_is_kept_as_backup(coordinator: Any, dirs: dict[str, 
     assert backup.read_text() == '{"schema_version": "3.0", "devices": {truncated'
     assert "kept it as" in done.stderr
     data = json.loads(cache.read_text())
-    assert list(data["devices"]) == ["M3_Max_0.32.4"]
-    entries = data["devices"]["M3_Max_0.32.4"]["entries"]
+    assert list(data["devices"]) == ["M3_0.32.4"]
+    entries = data["devices"]["M3_0.32.4"]["entries"]
     assert any(json.loads(k)["shapes"] == [[4096, 4096], [4096]] for k in entries)
 
 
@@ -381,5 +394,127 @@ def test_pull_for_a_chip_without_data_refuses_unless_predicted_allowed(
     assert all(e["confidence"] >= 0.55 for e in trusted)
     low = [e for e in body["entries"] if "fallback" in e]
     assert all(e["config_key"] == "builtin" for e in low)
-    ours = json.loads(cache.read_text())["devices"]["M4_Max_0.32.4"]["entries"]
+    ours = json.loads(cache.read_text())["devices"]["M4_0.32.4"]["entries"]
     assert len(ours) == len(trusted)
+
+
+def test_zmlx_device_key_is_zmlx_s_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For every Apple chip of the chip table, the key pull writes is the key zmlx's own
+    ``_device_cache_key`` computes on a Mac with that CPU brand string (zmlx 0.10 stops at the first
+    of its chip names the brand contains, so "Apple M3 Max" gets "M3"). A chip zmlx does not know
+    gets zmlx's "Unknown"."""
+    import mlx.core as mx
+    import zmlx.autotune as za
+
+    from kernelfleet.service.chips import TABLE
+    from kernelfleet.worker.zmlx_cache import device_key
+
+    apple = [row.name for row in TABLE if row.backend == "metal"]
+    assert len(apple) == 15
+    for brand in [*apple, "Apple M5 Pro"]:
+        as_mac(monkeypatch, brand)
+        assert device_key(brand, mx.__version__) == za._device_cache_key(), brand
+    assert device_key("Apple M3 Max", "0.32.4") == "M3_0.32.4"
+    assert device_key("Apple M5 Pro", "0.32.4") == "Unknown_0.32.4"
+
+
+def test_zmlx_get_autotuned_config_returns_the_pulled_config(
+    coordinator: Any, dirs: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Metal worker tunes zmlx's rmsnorm and ours on an M3 Max; `kernelfleet pull` writes zmlx's own
+    keys for zmlx's kernel beside ours; zmlx loads the file and its own ``get_autotuned_config``, with
+    the timing function replaced by one that fails if called, returns the pulled threadgroup."""
+    import mlx.core as mx
+    import zmlx.autotune as za
+    from zmlx.kernels import norms
+
+    from kernelfleet.kernels.zmlx_family import RMS_EPS
+
+    shapes = ["1x4096", "32x4096"]
+    post_through_leases(coordinator, M3_MAX, "metal", shapes, np.random.default_rng(5),
+                        kernels=("zmlx_rmsnorm", "rmsnorm"), best=2)  # zmlx_rmsnorm: tg=128, not zmlx's 256
+    done = kf("pull", "--coordinator", coordinator.url, "--chip", M3_MAX, "--mlx-version", "0.32.4", env=dirs)
+    assert done.returncode == 0, done.stderr
+    assert "entries under M3_0.32.4" in done.stdout and "2 for zmlx's own kernels" in done.stdout
+
+    body = json.loads(profile_file.profile_path(M3_MAX).read_text())
+    tuned = {e["shape"]: e for e in body["entries"] if e["kernel"] == "zmlx_rmsnorm" and not e["predicted"]}
+    assert sorted(tuned) == shapes
+    expected_tg = int(get_spec("zmlx_rmsnorm").space((1, 4096), "float16")[2]["tg"])
+    assert expected_tg == 128
+    assert {e["config"]["tg"] for e in tuned.values()} == {expected_tg}
+    entries = json.loads((Path(dirs["ZMLX_CACHE_DIR"]) / "autotune_v3.json").read_text())[
+        "devices"]["M3_0.32.4"]["entries"]
+    names = sorted(json.loads(k)["name"] for k in entries)
+    assert [n for n in names if n.startswith("kk_")] == [f"kk_rmsnorm_D4096_TG{expected_tg}_E1e_06"] * 2
+    assert any(n.startswith("kf_rmsnorm") for n in names)  # ours, keyed by our own launches
+
+    as_mac(monkeypatch, M3_MAX)
+    za.GLOBAL_AUTOTUNE_CACHE.clear()
+    za._FAST_CACHE.clear()
+    assert za.load_autotune_cache() == len(entries)
+
+    def no_timing(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("zmlx timed candidates in-process instead of using the pulled config")
+
+    monkeypatch.setattr(za, "autotune_kernel", no_timing)
+    for shape in shapes:
+        rows, d = (int(v) for v in shape.split("x"))
+        kernel = norms._rmsnorm_kernel(d, expected_tg, RMS_EPS)  # the object zmlx's rmsnorm launches
+        x, w = mx.zeros((rows, d), dtype=mx.float16), mx.zeros((d,), dtype=mx.float16)
+        config = za.get_autotuned_config(kernel, inputs=[x, w], grid=(rows * expected_tg, 1, 1),
+                                         threadgroup_candidates=[(t, 1, 1) for t in (32, 64, 128, 256)])
+        assert config == za.AutotuneConfig(threadgroup=(expected_tg, 1, 1), template=())
+    with pytest.raises(AssertionError, match="timed candidates"):  # an untuned shape would be timed
+        za.get_autotuned_config(kernel, inputs=[mx.zeros((7, d), dtype=mx.float16), w],
+                                grid=(7 * expected_tg, 1, 1))
+
+    # the same pull feeds kernelfleet.zmlx.patch: a Llama of hidden size 4096 (weights never evaluated)
+    monkeypatch.undo()  # this host is no Mac again (and the dirs fixture's variables are set again)
+    for k, v in dirs.items():
+        monkeypatch.setenv(k, v)
+    za.GLOBAL_AUTOTUNE_CACHE.clear()
+    za._FAST_CACHE.clear()
+    llama = pytest.importorskip("mlx_lm.models.llama", reason="mlx-lm is not installed")
+    from zmlx.patch._modules import ZMLXRMSNorm
+
+    from kernelfleet.zmlx import patch
+
+    model = llama.Model(llama.ModelArgs(model_type="llama", hidden_size=4096, num_hidden_layers=1,
+                                        intermediate_size=64, num_attention_heads=32, num_key_value_heads=8,
+                                        rms_norm_eps=1e-6, vocab_size=8))
+    model.set_dtype(mx.float16)
+    pinned = patch(model, profile=M3_MAX, patterns=["rmsnorm"])
+    norms_ = [m for _, m in model.named_modules() if isinstance(m, ZMLXRMSNorm)]
+    assert len(norms_) == 3 and all(n._resolved_tg == expected_tg for n in norms_)
+    assert {p.basis for p in pinned.pinned} == {"measured (1 runs, 1 workers) at 1x4096"}
+
+
+@pytest.mark.parametrize("kernel", ZMLX_NAMES)
+def test_zmlx_entries_are_what_zmlx_itself_saves(
+    kernel: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For each zmlx kernel and threadgroup, the entry pull writes equals the one zmlx's own
+    ``save_autotune_cache`` writes after its own ``get_autotuned_config`` chose that threadgroup for the
+    launch zmlx's function makes (its search stubbed to answer it); shape-only inputs give the same."""
+    import zmlx.autotune as za
+
+    from kernelfleet.kernels.zmlx_capture import capture
+
+    spec = get_spec(kernel)
+    shape = (5, 1000)
+    for config in spec.space(shape, "bfloat16"):
+        ours = zmlx_entries(kernel, format_shape(shape), "bfloat16", config)
+        with capture() as records:
+            spec.build(config, "metal", shape, "bfloat16")(spec.make_inputs(shape, "bfloat16", 0))
+        [rec] = records
+        chosen = za.AutotuneConfig(threadgroup=rec.threadgroup, template=())
+        monkeypatch.setattr(za, "autotune_kernel", lambda *a, c=chosen, **k: za.AutotuneResult(c, {c: 1.0}))
+        za.GLOBAL_AUTOTUNE_CACHE.clear()
+        za._FAST_CACHE.clear()
+        inputs = spec.make_inputs(shape, "bfloat16", 0)
+        assert za.get_autotuned_config(rec.kernel, inputs=inputs, grid=rec.grid) == chosen
+        path = tmp_path / f"{kernel}-{config['tg']}.json"
+        za.save_autotune_cache(str(path))
+        [section] = json.loads(path.read_text())["devices"].values()
+        assert ours == section["entries"], config

@@ -24,6 +24,7 @@ def test_kernels_lists_the_catalog():
     for spec in all_specs():
         assert spec.name in r.stdout
     assert "dtypes" in r.stdout and "float16" in r.stdout
+    assert "zmlx_rmsnorm" in r.stdout and "Metal only" in r.stdout  # zmlx's own kernels too
 
 
 def test_tune_table():

@@ -28,7 +28,8 @@ class Backend(ABC):
     ``candidates`` lists the configs to try, the built-in first; ``build`` turns one into a
     callable: the built-in as users call it, a custom kernel as one ``mx.compile``d graph
     (:func:`~kernelfleet.kernels.launch.compiled_call`), as the runtime runs both. A backend without
-    custom kernels (cpu) offers the built-in only.
+    custom kernels (cpu) offers the built-in only, and so does a backend a spec's custom kernels
+    do not run on (``spec.backends``: zmlx's kernels are Metal-only).
     """
 
     name: str
@@ -42,13 +43,18 @@ class Backend(ABC):
     def device(self) -> mx.Device:
         return mx.Device(mx.gpu)
 
+    @property
+    def kernel_backend(self) -> str:
+        """Whose kernels this backend runs: its name, up to a ``-variant`` (``metal-emu`` runs Metal's)."""
+        return self.name.split("-", 1)[0]
+
     def synchronize(self) -> None:
         mx.synchronize()
 
     def candidates(self, spec: KernelSpec, shape: Shape, dtype: str) -> list[Config]:
         """The built-in plus every valid custom config (deduplicated, in the spec's order)."""
         out: list[Config] = [dict(BUILTIN)]
-        if self.supports_custom_kernels:
+        if self.supports_custom_kernels and self.kernel_backend in spec.backends:
             seen = {"builtin"}
             for config in spec.space(shape, dtype):
                 key = config_key(config)
@@ -69,6 +75,9 @@ class Backend(ABC):
             return spec.builtin
         if not self.supports_custom_kernels:
             raise BackendError(f"the {self.name} backend runs only the built-in, not {config_key(config)}")
+        if self.kernel_backend not in spec.backends:
+            raise BackendError(f"{spec.name}'s custom kernels run on {', '.join(spec.backends)} only, "
+                               f"not {self.name}")
         return compiled_call(spec.build(config, self.name, shape, dtype))
 
     def __repr__(self) -> str:
