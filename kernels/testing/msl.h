@@ -92,6 +92,15 @@ struct half {
   template <typename U> half& operator-=(U o) { return *this = half(float(*this) - float(o)); }
   template <typename U> half& operator*=(U o) { return *this = half(float(*this) * float(o)); }
   template <typename U> half& operator/=(U o) { return *this = half(float(*this) / float(o)); }
+  // half op half is a half, as in MSL (`c ? y : T(1) - y` must not mix half and float); a half with
+  // any other type goes through float (templates matching only half, so no overload is ambiguous)
+#define KF_HALF_OP(op)                                                                         \
+  template <typename A, typename B, typename = enable_if_t<is_same_v<A, half> && is_same_v<B, half>>> \
+  friend half operator op(A a, B b) { return half(float(a) op float(b)); }
+  KF_HALF_OP(+) KF_HALF_OP(-) KF_HALF_OP(*) KF_HALF_OP(/)
+#undef KF_HALF_OP
+  template <typename A, typename = enable_if_t<is_same_v<A, half>>>
+  friend half operator-(A a) { return half(-float(a)); }
   static uint16_t from_float(float f) {
     uint32_t x = __builtin_bit_cast(uint32_t, f);
     uint32_t sign = (x >> 16) & 0x8000u;
@@ -155,6 +164,12 @@ struct bfloat {
   bfloat& operator-=(bfloat o) { return *this = *this - o; }
   bfloat& operator*=(bfloat o) { return *this = *this * o; }
   bfloat& operator/=(bfloat o) { return *this = *this / o; }
+  friend bool operator<(bfloat a, bfloat b) { return float(a) < float(b); }
+  friend bool operator>(bfloat a, bfloat b) { return float(a) > float(b); }
+  friend bool operator<=(bfloat a, bfloat b) { return float(a) <= float(b); }
+  friend bool operator>=(bfloat a, bfloat b) { return float(a) >= float(b); }
+  friend bool operator==(bfloat a, bfloat b) { return float(a) == float(b); }
+  friend bool operator!=(bfloat a, bfloat b) { return float(a) != float(b); }
 };
 
 template <typename T> struct is_msl_scalar { static constexpr bool value = false; };
