@@ -24,7 +24,7 @@ def test_restart_mid_campaign_loses_nothing(coordinator: Coordinator) -> None:
 
     with coordinator.admin() as admin:
         assert admin.get(f"/campaigns/{campaign['id']}").json()["progress"] == {
-            "total": 10, "queued": 5, "leased": 1, "done": 4, "dead": 0}
+            "total": 10, "queued": 5, "leased": 1, "done": 4, "dead": 0, "cancelled": 0}
         assert [(j["id"], j["state"], j["attempts"]) for j in admin.get("/jobs").json()] == \
             [(j["id"], j["state"], j["attempts"]) for j in jobs_before]
         assert [w["id"] for w in admin.get("/workers").json()] == [w["id"] for w in workers_before]
