@@ -54,6 +54,7 @@ import numpy as np
 from kernelfleet.service.regressions.attribution import attribute, group_key
 from kernelfleet.service.regressions.base import RunPoint, relocates, same_change
 from kernelfleet.service.regressions.changepoint import ChangePointDetector
+from kernelfleet.service.regressions.locate import locate
 from kernelfleet.service.regressions.step import StepDetector
 
 N_RUNS = 15
@@ -256,7 +257,9 @@ def ours_combined(s: Series, rng: np.random.Generator) -> Outcome:
             out.alerts[out.alerts.index(same[0])] = f.index
             out.causes[f.index] = pair_cause(s, f.index)
             out.levels[f.index] = out.levels.pop(same[0])
-    out.alerts.sort()
+    # with the runs on both sides stored, every alert is re-placed where the change most likely is
+    out.alerts = locate(s.runs, out.alerts)
+    out.causes = {t: pair_cause(s, t) for t in out.alerts}
     return out
 
 

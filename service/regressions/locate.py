@@ -1,0 +1,69 @@
+"""Where exactly a confirmed slowdown starts: the run pair that attribution and grouping name.
+
+The online detector places a suspect before it has seen the runs after it, and the scan's split is
+tested for significance, not placed for attribution. Once the runs on both sides are stored,
+:func:`locate` re-places each alert by maximum likelihood over the runs between its neighbouring
+alerts: for every candidate first slower run within ``radius`` of where the alert stands, the two
+levels are fitted (means of the tamed log medians, see :func:`.segments.tame`) and the Gaussian
+log-likelihood of the split is computed with the series' robust run-to-run sigma.
+
+A small step's position is often genuinely ambiguous: one run of wander just before the step looks
+like its first slower run. Regressions have causes, so a split at a run pair where something
+recorded changed (an attribute of :data:`.base.ATTRIBUTES`: MLX version, OS, driver, kernel,
+config, worker) gets ``change_bonus`` nats of prior log-odds: a split where nothing changed wins only
+when the runs make it ``exp(change_bonus)`` times more likely. Where every run pair changed something
+(or none did) the prior is flat and the likelihood alone decides. Tuned on the detector benchmark's
+seed 101 (``benchmarks/detector.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from kernelfleet.service.regressions.base import ATTRIBUTES, RunPoint
+from kernelfleet.service.regressions.segments import robust_sigma, tame
+
+RADIUS = 3  # runs an alert may move
+CHANGE_BONUS = 3.0  # nats of prior log-odds for a split at a run pair where an attribute changed
+STAY_BONUS = 1.0  # nats of prior log-odds for where the alert stands (the detector placed it there)
+TAME_MIN_RUNS = 10  # shorter series are used as they are (the rolling median needs runs around)
+
+
+def _sse(x: np.ndarray) -> float:
+    return float(((x - x.mean()) ** 2).sum())
+
+
+def locate(
+    runs: Sequence[RunPoint],
+    alerts: Sequence[int],
+    radius: int = RADIUS,
+    change_bonus: float = CHANGE_BONUS,
+    stay_bonus: float = STAY_BONUS,
+) -> list[int]:
+    """The first slower run of each alert in ``alerts`` (indices into ``runs``, oldest first),
+    each re-placed between its (re-placed) predecessor and its successor."""
+    raw = np.array([p.log_median for p in runs], dtype=float)
+    x = tame(raw) if len(raw) >= TAME_MIN_RUNS else raw
+    sigma = robust_sigma(raw)
+    changed = [False] + [
+        any(runs[i].attrs.get(a) != runs[i - 1].attrs.get(a) for a in ATTRIBUTES) for i in range(1, len(runs))
+    ]
+    order = sorted(alerts)
+    out: list[int] = []
+    for k, t in enumerate(order):
+        lo = out[-1] if out else 0
+        hi = order[k + 1] if k + 1 < len(order) else len(x)
+        best, best_ll = t, -np.inf
+        for tau in range(max(lo + 1, t - radius), min(hi - 1, t + radius) + 1):
+            before, after = x[lo:tau], x[tau:hi]
+            if after.mean() <= before.mean():
+                continue  # a slowdown stays a slowdown
+            ll = -(_sse(before) + _sse(after)) / (2 * sigma**2) + (change_bonus if changed[tau] else 0.0) + (
+                stay_bonus if tau == t else 0.0
+            )
+            if ll > best_ll + 1e-12:
+                best, best_ll = tau, ll
+        out.append(best)
+    return out
