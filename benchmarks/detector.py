@@ -25,7 +25,11 @@ the runs since its baseline started (at most the last ``history``); a suspect wa
 confirmation re-run, for which the next run stands in (a suspect at the newest run keeps waiting
 and gets a fresh re-run at the same true level, as the confirm job would bring); a confirmed alert
 restarts the baseline at its first slower run; then the offline scan over the whole series adds
-what no alert covers (an alert within 2 runs is the same change). The peer, apache-otava (Hunter's
+what no alert covers (an alert within 2 runs is the same change) and re-places every alert where its
+change most likely is (:func:`kernelfleet.service.regressions.locate.locate`, as the coordinator's
+scan does). Every single-chip step here coincides with a recorded attribute change, which
+``locate``'s prior favours; in multi-chip series every run pair changed the MLX version, so there
+the prior is flat. The peer, apache-otava (Hunter's
 E-divisive means with a t-test merge step), sees the per-run medians of the whole series, as it
 does in CI; both use the same 3 % minimum effect.
 
@@ -54,6 +58,7 @@ import numpy as np
 from kernelfleet.service.regressions.attribution import attribute, group_key
 from kernelfleet.service.regressions.base import RunPoint, relocates, same_change
 from kernelfleet.service.regressions.changepoint import ChangePointDetector
+from kernelfleet.service.regressions.locate import locate
 from kernelfleet.service.regressions.step import StepDetector
 
 N_RUNS = 15
@@ -256,7 +261,9 @@ def ours_combined(s: Series, rng: np.random.Generator) -> Outcome:
             out.alerts[out.alerts.index(same[0])] = f.index
             out.causes[f.index] = pair_cause(s, f.index)
             out.levels[f.index] = out.levels.pop(same[0])
-    out.alerts.sort()
+    # with the runs on both sides stored, every alert is re-placed where the change most likely is
+    out.alerts = locate(s.runs, out.alerts)
+    out.causes = {t: pair_cause(s, t) for t in out.alerts}
     return out
 
 

@@ -32,10 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.ndimage import median_filter
 
 from kernelfleet.service.regressions.base import Finding, RunPoint, register_offline
-from kernelfleet.service.regressions.noise import MAD_TO_SIGMA, SCALE_FLOOR
 from kernelfleet.service.regressions.segments import (
     LevelShift,
     Prior,
@@ -43,6 +41,7 @@ from kernelfleet.service.regressions.segments import (
     fast_side_holds,
     level_shift,
     slow_side_holds,
+    tame,
 )
 
 
@@ -65,7 +64,7 @@ class ChangePointDetector:
         raw = np.array([p.log_median for p in runs], dtype=float)
         if len(raw) < 3:
             return []
-        x = self._tame(raw) if len(raw) >= 2 * self.min_segment else raw
+        x = tame(raw, self.clip_sigmas) if len(raw) >= 2 * self.min_segment else raw
         rng = np.random.default_rng(self.seed)
         cuts: list[tuple[int, float]] = []
         stack = [(0, len(x))]
@@ -157,15 +156,6 @@ class ChangePointDetector:
                 )
             i = j + 1
         return findings
-
-    def _tame(self, x: np.ndarray) -> np.ndarray:
-        diffs = np.diff(x)
-        spread = float(np.median(np.abs(diffs - np.median(diffs))))
-        sigma = max(MAD_TO_SIGMA * spread / np.sqrt(2), SCALE_FLOOR)
-        rolling = median_filter(x, size=5, mode="nearest")
-        band = self.clip_sigmas * sigma
-        clipped: np.ndarray = np.clip(x, rolling - band, rolling + band)
-        return clipped
 
     def _best_split(
         self, x: np.ndarray, raw: np.ndarray, rng: np.random.Generator, min_effect: float

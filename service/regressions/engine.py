@@ -15,6 +15,9 @@
   regression covers yet (:func:`.base.same_change`) is stored as ``open`` (its evidence already
   spans several runs). Where it finds an open regression's change one run off
   (:func:`.base.relocates`), it moves that regression to its run pair (cause and group included).
+  Then every open regression of the series is re-placed where its change most likely is, now that
+  runs on both sides are stored (:func:`.locate.locate`: maximum likelihood of the two levels around
+  it, favouring a run pair where a recorded attribute changed).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from kernelfleet.service.hooks import on_result_stored
 from kernelfleet.service.models import Backend, Job, JobKind, JobState, Regression, RegressionStatus, Result
 from kernelfleet.service.regressions import base
 from kernelfleet.service.regressions.attribution import attribute, group_key
+from kernelfleet.service.regressions.locate import locate
 from kernelfleet.service.regressions.series import SeriesKey, history, load_runs, reset_point, to_run
 from kernelfleet.service.settings import Settings, get_settings
 from kernelfleet.service.targets import target_id
@@ -243,8 +247,6 @@ def scan(factory: sessionmaker[Session], settings: Settings) -> ScanReport:
             runs = load_runs(session, key, limit=SCAN_RUNS)
             found = detector.scan(runs, settings.regression_min_effect)
             findings += len(found)
-            if not found:
-                continue
             position = {r.result_id: i for i, r in enumerate(runs)}
             medians = [r.median_us for r in runs]
             existing = session.scalars(
@@ -290,7 +292,23 @@ def scan(factory: sessionmaker[Session], settings: Settings) -> ScanReport:
                 session.flush()
                 created.append(regression.id)
                 taken.append((f.index, regression))
+            moved += [m for m in _relocate_all(taken, key, runs) if m not in moved]
     return ScanReport(series=len(keys), findings=findings, created=created, moved=moved)
+
+
+def _relocate_all(
+    taken: list[tuple[int, Regression]], key: SeriesKey, runs: list[base.RunPoint]
+) -> list[int]:
+    """Every open regression of the series re-placed where its change most likely is
+    (:func:`.locate.locate`, between its neighbours); the ids of those that moved."""
+    taken = sorted(taken, key=lambda ir: ir[0])
+    placed = locate(runs, [i for i, _ in taken])
+    moved: list[int] = []
+    for (i, regression), j in zip(taken, placed, strict=True):
+        if j != i and i > 0 and regression.status == RegressionStatus.open:
+            _relocate(regression, key, runs, j)
+            moved.append(regression.id)
+    return moved
 
 
 def _relocate(regression: Regression, key: SeriesKey, runs: list[base.RunPoint], index: int) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
+from scipy.ndimage import median_filter
 
 from kernelfleet.service.regressions.base import RunPoint
 from kernelfleet.service.regressions.noise import MAD_TO_SIGMA, SCALE_FLOOR
@@ -80,6 +81,22 @@ def cusum_stat(x: np.ndarray, min_segment: int) -> np.ndarray:
     diff = left / nl - (total - left) / nr
     result: np.ndarray = np.abs(diff) / np.sqrt(1.0 / nl + 1.0 / nr)
     return result
+
+
+def robust_sigma(x: np.ndarray) -> float:
+    """Run-to-run sigma of log medians from first differences (which a level shift hardly moves)."""
+    diffs = np.diff(x)
+    spread = float(np.median(np.abs(diffs - np.median(diffs)))) if len(diffs) else 0.0
+    return max(MAD_TO_SIGMA * spread / np.sqrt(2), SCALE_FLOOR)
+
+
+def tame(x: np.ndarray, clip_sigmas: float = 3.0) -> np.ndarray:
+    """Each log median clipped to its rolling median (5 runs) plus or minus ``clip_sigmas`` robust
+    sigmas, so a single bad run cannot make (or place) a change point."""
+    rolling = median_filter(x, size=5, mode="nearest")
+    band = clip_sigmas * robust_sigma(x)
+    clipped: np.ndarray = np.clip(x, rolling - band, rolling + band)
+    return clipped
 
 
 def _diffs(x: np.ndarray, bounds: Sequence[tuple[int, int]]) -> np.ndarray:

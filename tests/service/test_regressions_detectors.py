@@ -160,3 +160,24 @@ def test_attribution_and_group_keys() -> None:
     a = run(100.0, rng, mlx_version="0.40.0")
     b = run(112.0, rng, mlx_version="0.41.0")
     assert attribute(a, b) == {"mlx_version": ["0.40.0", "0.41.0"]}
+
+
+def test_locate_replaces_an_alert_at_the_most_likely_run_pair() -> None:
+    from kernelfleet.service.regressions.locate import locate
+
+    rng = np.random.default_rng(3)
+    # a 10 % step at run 7: an alert placed two runs early or late goes to run 7
+    levels = [100.0, 101.0, 99.5, 100.5, 100.0, 99.0, 100.2, 110.0, 111.0, 109.5, 110.5, 110.0, 109.0]
+    runs = [run(v, rng, spread=0.005) for v in levels]
+    assert locate(runs, [5]) == [7] and locate(runs, [9]) == [7]
+    # a 4 % step at run 6 whose run 5 wandered up halfway: the means alone would cut at run 5; the
+    # MLX upgrade recorded between runs 5 and 6 makes run 6 the likelier first slower run
+    levels = [100.0, 100.5, 99.5, 100.2, 99.8, 102.2, 104.0, 104.3, 103.8, 104.1, 103.9, 104.2]
+    plain = [run(v, rng, spread=0.002) for v in levels]
+    upgraded = [
+        run(v, rng, spread=0.002, mlx_version="0.32.4" if i >= 6 else "0.32.3") for i, v in enumerate(levels)
+    ]
+    assert locate(plain, [5], change_bonus=0.0) == [5]
+    assert locate(upgraded, [5]) == [6]
+    # two alerts: each stays between its neighbours
+    assert locate(series([100.0] * 5 + [120.0] * 5 + [150.0] * 5, seed=4), [4, 11]) == [5, 10]
