@@ -18,7 +18,8 @@ from kernelfleet.service.models import Job, JobState, Result, Trial
 def test_sixteen_concurrent_workers_complete_200_jobs_exactly_once(coordinator: Coordinator) -> None:
     campaign = create_campaign(coordinator, kernels=["rmsnorm", "softmax"], shapes=shapes(50),
                                dtypes=["float16", "bfloat16"])
-    assert campaign["progress"] == {"total": 200, "queued": 200, "leased": 0, "done": 0, "dead": 0, "cancelled": 0}
+    assert campaign["progress"] == {"total": 200, "queued": 200, "leased": 0, "done": 0, "dead": 0,
+                                    "cancelled": 0}
     workers = [enroll(coordinator, name=f"w{i}") for i in range(16)]
 
     leases: list[tuple[int, int, str]] = []  # (worker_id, job_id, lease_token)
