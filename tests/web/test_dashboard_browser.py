@@ -6,6 +6,7 @@ dashboard's own queries."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Iterator
 from pathlib import Path
@@ -245,11 +246,15 @@ def test_regressions_list_evidence_and_attribution(browser: Any, site: Filled, s
     assert site.regressions["m3"] in ids and site.regressions["m2"] in ids
     assert site.regressions["h100"] not in ids  # acknowledged: not active
     charts = page.charts()
+    sizes = set()
     for label, chip in (("m3", M3), ("m2", M2)):
         rid = site.regressions[label]
         card = page.page.locator(f"#regression-{rid}")
         assert "mlx_version: 0.32.3 → 0.32.4" in card.inner_text()
-        assert "2 regressions on 2 chips" in card.inner_text()
+        # the cause's group: the Apple chips' series MLX 0.32.4 slowed (both dtypes, as detected)
+        same = re.search(r"(\d+) regressions on 2 chips", card.inner_text())
+        assert same is not None, card.inner_text()
+        sizes.add(int(same.group(1)))
         traces = charts[f"evidence-{rid}"]
         series = [
             p
@@ -263,12 +268,15 @@ def test_regressions_list_evidence_and_attribution(browser: Any, site: Filled, s
             p.result_id for p in series if p.mlx == "0.32.4"
         }
     # the "same cause" link filters by group, in the URL
-    page.page.click(f"#regression-{site.regressions['m3']} a:has-text('2 regressions')")
+    assert len(sizes) == 1 and sizes.pop() >= 2
+    page.page.click(f"#regression-{site.regressions['m3']} a:has-text('regressions on 2 chips')")
     page.page.wait_for_load_state("load")
     wait_for_charts(page.page)
     assert parse_qs(urlparse(page.page.url).query)["group"] == ["mlx_version=0.32.3->0.32.4"]
     group_ids = page.page.eval_on_selector_all("article.regression", "as => as.map(a => +a.dataset.id)")
-    assert sorted(group_ids) == sorted([site.regressions["m3"], site.regressions["m2"]])
+    assert site.regressions["m3"] in group_ids and site.regressions["m2"] in group_ids
+    link = page.page.locator(f"#regression-{site.regressions['m3']} a:has-text('regressions on 2 chips')")
+    assert link.inner_text().startswith(f"{len(group_ids)} regressions")
     close(page)
     page = visit(browser, site, "/regressions?status=acknowledged", shots)
     card = page.page.locator(f"#regression-{site.regressions['h100']}")
@@ -298,7 +306,7 @@ def test_campaigns_progress_states_and_failures(browser: Any, site: Filled, shot
             "#state-counts a", "as => as.map(a => [a.dataset.state, +a.querySelector('b').innerText])"
         )
     )
-    assert counts == {"queued": 1, "leased": 1, "done": 0, "dead": 0}
+    assert counts == {"queued": 1, "leased": 1, "done": 0, "dead": 0, "cancelled": 0}
     page.page.click("#state-counts a[data-state=leased]")
     page.page.wait_for_load_state("load")
     assert parse_qs(urlparse(page.page.url).query)["state"] == ["leased"]
