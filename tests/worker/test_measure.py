@@ -57,6 +57,11 @@ class Composed(Backend):
     name = "cpu"
     supports_custom_kernels = True
 
+    @property
+    def kernel_backend(self) -> str:
+        # the spec's custom candidates are MLX compositions: offer them as a GPU backend would
+        return "cuda"
+
     def available(self) -> bool:
         return True
 
