@@ -4,6 +4,7 @@ deliveries, over the HTTP API. Every ``list`` command takes ``--json`` (the API'
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -43,6 +44,19 @@ def _print_json(rows: Any) -> None:
     print(json.dumps(rows, indent=2))
 
 
+def _print_rows(rows: list[dict[str, Any]], as_json: bool, title: str, columns: Sequence[str],
+                cells: Callable[[dict[str, Any]], Sequence[str]]) -> None:
+    """A list command's answer: the rows as JSON (``--json``), else a table of ``cells(row)``."""
+    if as_json:
+        return _print_json(rows)
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*cells(row))
+    out.print(table)
+
+
 def _call(coordinator: str, token: str | None, method: str, path: str, **kw: Any) -> Any:
     try:
         with AdminClient(coordinator, resolve_admin_token(token)) as client:
@@ -76,17 +90,16 @@ def workers_list(coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: Ad
                  as_json: AsJson = False) -> None:
     """Every enrolled worker, with its chip, backend and last heartbeat."""
     rows = _call(coordinator, admin_token, "GET", "/workers")
-    if as_json:
-        return _print_json(rows)
-    table = Table(title=plural(len(rows), "worker"))
-    for col in ("id", "name", "chip", "backend", "cores", "memory", "mlx", "os", "last heartbeat", "status"):
-        table.add_column(col)
-    for w in rows:
+
+    def cells(w: dict[str, Any]) -> list[str]:
         mem = f"{w['memory_bytes'] / 2**30:.0f} GiB" if w["memory_bytes"] else "-"
-        table.add_row(str(w["id"]), w["name"], w["chip"], w["backend"], str(w["gpu_cores"] or "-"), mem,
-                      w["mlx_version"] or "-", w["os"] or "-", _when(w["last_heartbeat_at"]),
-                      w.get("status") or ("revoked" if w["revoked_at"] else "-"))
-    out.print(table)
+        return [str(w["id"]), w["name"], w["chip"], w["backend"], str(w["gpu_cores"] or "-"), mem,
+                w["mlx_version"] or "-", w["os"] or "-", _when(w["last_heartbeat_at"]),
+                w.get("status") or ("revoked" if w["revoked_at"] else "-")]
+
+    _print_rows(rows, as_json, plural(len(rows), "worker"),
+                ("id", "name", "chip", "backend", "cores", "memory", "mlx", "os", "last heartbeat", "status"),
+                cells)
 
 
 @workers_app.command("revoke")
@@ -158,17 +171,15 @@ def campaign_list(coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: A
                   as_json: AsJson = False) -> None:
     """Campaigns with their progress."""
     rows = _call(coordinator, admin_token, "GET", "/campaigns")
-    if as_json:
-        return _print_json(rows)
-    table = Table(title=plural(len(rows), "campaign"))
-    for col in ("id", "name", "kernels", "shapes", "dtypes", "target",
-                "total", "queued", "leased", "done", "dead", "cancelled"):
-        table.add_column(col)
-    for c in rows:
+
+    def cells(c: dict[str, Any]) -> list[str]:
         target = " ".join(x for x in (c["target_backend"], c["target_chip"]) if x) or "any"
-        table.add_row(str(c["id"]), c["name"], ",".join(c["kernels"]), ",".join(c["shapes"]),
-                      ",".join(c["dtypes"]), target, *_progress_cells(c["progress"]))
-    out.print(table)
+        return [str(c["id"]), c["name"], ",".join(c["kernels"]), ",".join(c["shapes"]),
+                ",".join(c["dtypes"]), target, *_progress_cells(c["progress"])]
+
+    _print_rows(rows, as_json, plural(len(rows), "campaign"),
+                ("id", "name", "kernels", "shapes", "dtypes", "target",
+                 "total", "queued", "leased", "done", "dead", "cancelled"), cells)
 
 
 @jobs_app.command("list")
@@ -186,18 +197,12 @@ def jobs_list(
     if state is not None:
         params["state"] = state
     rows = _call(coordinator, admin_token, "GET", "/jobs", params=params)
-    if as_json:
-        return _print_json(rows)
-    table = Table(title=plural(len(rows), "job"))
-    for col in ("id", "campaign", "kernel", "shape", "dtype", "state", "attempts", "worker", "lease expires",
-                "last error"):
-        table.add_column(col)
-    for j in rows:
-        table.add_row(str(j["id"]), str(j["campaign_id"] or "-"), j["kernel"], j["shape"], j["dtype"],
-                      j["state"],
-                      f"{j['attempts']}/{j['max_attempts']}", str(j["leased_by"] or "-"),
-                      _when(j["lease_expires_at"]), (j["last_error"] or "")[:60])
-    out.print(table)
+    _print_rows(rows, as_json, plural(len(rows), "job"),
+                ("id", "campaign", "kernel", "shape", "dtype", "state", "attempts", "worker", "lease expires",
+                 "last error"),
+                lambda j: [str(j["id"]), str(j["campaign_id"] or "-"), j["kernel"], j["shape"], j["dtype"],
+                           j["state"], f"{j['attempts']}/{j['max_attempts']}", str(j["leased_by"] or "-"),
+                           _when(j["lease_expires_at"]), (j["last_error"] or "")[:60]])
 
 
 CampaignId = Annotated[int, typer.Argument(help="The campaign's id (see `campaign list`)")]
@@ -239,15 +244,10 @@ def regressions_list(
     """Regressions, newest first, with their cause."""
     params: dict[str, Any] = {"limit": limit} | ({"status": status} if status else {})
     rows = _call(coordinator, admin_token, "GET", "/regressions", params=params)
-    if as_json:
-        return _print_json(rows)
-    table = Table(title=f"{len(rows)} regressions")
-    for col in ("id", "status", "chip", "kernel", "shape", "dtype", "effect", "cause", "detected"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(str(r["id"]), r["status"], r["chip"], r["kernel"], r["shape"], r["dtype"],
-                      f"{100 * r['effect']:+.1f}%", r["cause_text"][:60], _when(r["detected_at"]))
-    out.print(table)
+    _print_rows(rows, as_json, f"{len(rows)} regressions",
+                ("id", "status", "chip", "kernel", "shape", "dtype", "effect", "cause", "detected"),
+                lambda r: [str(r["id"]), r["status"], r["chip"], r["kernel"], r["shape"], r["dtype"],
+                           f"{100 * r['effect']:+.1f}%", r["cause_text"][:60], _when(r["detected_at"])])
 
 
 @regressions_app.command("acknowledge")
@@ -276,17 +276,15 @@ def webhooks_list(
     """Webhook deliveries (one alert to one URL), newest first, with their last attempt."""
     params: dict[str, Any] = {"limit": limit} | ({"state": state} if state else {})
     rows = _call(coordinator, admin_token, "GET", "/webhooks/deliveries", params=params)
-    if as_json:
-        return _print_json(rows)
-    table = Table(title=f"{len(rows)} deliveries")
-    for col in ("id", "regression", "url", "state", "attempts", "last answer", "next attempt"):
-        table.add_column(col)
-    for d in rows:
+
+    def cells(d: dict[str, Any]) -> list[str]:
         last = d["attempt_log"][-1] if d["attempt_log"] else None
         answer = "-" if last is None else (last["error"] or str(last["status_code"]))[:50]
-        table.add_row(str(d["id"]), str(d["regression_id"] or "-"), d["url"], d["state"], str(d["attempts"]),
-                      answer, _when(d["next_attempt_at"]) if d["state"] == "pending" else "-")
-    out.print(table)
+        return [str(d["id"]), str(d["regression_id"] or "-"), d["url"], d["state"], str(d["attempts"]),
+                answer, _when(d["next_attempt_at"]) if d["state"] == "pending" else "-"]
+
+    _print_rows(rows, as_json, f"{len(rows)} deliveries",
+                ("id", "regression", "url", "state", "attempts", "last answer", "next attempt"), cells)
 
 
 def register(app: typer.Typer) -> None:
