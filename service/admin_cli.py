@@ -244,7 +244,7 @@ def regressions_list(
     """Regressions, newest first, with their cause."""
     params: dict[str, Any] = {"limit": limit} | ({"status": status} if status else {})
     rows = _call(coordinator, admin_token, "GET", "/regressions", params=params)
-    _print_rows(rows, as_json, f"{len(rows)} regressions",
+    _print_rows(rows, as_json, plural(len(rows), "regression"),
                 ("id", "status", "chip", "kernel", "shape", "dtype", "effect", "cause", "detected"),
                 lambda r: [str(r["id"]), r["status"], r["chip"], r["kernel"], r["shape"], r["dtype"],
                            f"{100 * r['effect']:+.1f}%", r["cause_text"][:60], _when(r["detected_at"])])
@@ -283,7 +283,7 @@ def webhooks_list(
         return [str(d["id"]), str(d["regression_id"] or "-"), d["url"], d["state"], str(d["attempts"]),
                 answer, _when(d["next_attempt_at"]) if d["state"] == "pending" else "-"]
 
-    _print_rows(rows, as_json, f"{len(rows)} deliveries",
+    _print_rows(rows, as_json, plural(len(rows), "delivery", "deliveries"),
                 ("id", "regression", "url", "state", "attempts", "last answer", "next attempt"), cells)
 
 
