@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from scipy.stats import binom
@@ -28,7 +28,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, load_only
 
-from kernelfleet.service.db import is_sqlite
+from kernelfleet.service.db import is_sqlite, stored_utc
 from kernelfleet.service.models import ConfigStat, Result
 
 WINDOW = 32  # run medians (and same-run speedups) kept per row
@@ -68,7 +68,7 @@ def _ratio_bounds(builtin: dict[str, Any], trial: dict[str, Any]) -> list[float]
 
 def _utc(value: datetime | None) -> datetime | None:
     """SQLite hands back naive datetimes; every stored time is UTC."""
-    return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
+    return None if value is None else stored_utc(value)
 
 
 def _insert(session: Session) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,12 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         return engine
     kwargs.setdefault("pool_pre_ping", True)
     return create_engine(url, **kwargs)
+
+
+def stored_utc(value: datetime) -> datetime:
+    """A time read back from the database as an aware UTC datetime: SQLite returns naive ones, and
+    every stored time is UTC."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

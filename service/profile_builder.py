@@ -27,13 +27,13 @@ import os
 import socket
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import datetime
 
 from sqlalchemy import Integer, cast, delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from kernelfleet.service import aggregates, calibration, profiles
-from kernelfleet.service.db import db_now, immediate, is_sqlite, keep_newest
+from kernelfleet.service.db import db_now, immediate, is_sqlite, keep_newest, stored_utc
 from kernelfleet.service.locks import file_lock, pg_try_lock
 from kernelfleet.service.models import Calibration, ConfigStat, ProfileBuild, ProfileRequest
 from kernelfleet.service.settings import Settings
@@ -54,11 +54,6 @@ def _clock(session: Session) -> datetime:
     return value
 
 
-def _aware(value: datetime) -> datetime:
-    """SQLite hands back naive UTC datetimes; PostgreSQL aware ones."""
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
 def pending_chips(factory: sessionmaker[Session]) -> list[str]:
     with factory() as session:
         return list(session.scalars(select(ProfileRequest.chip).distinct().order_by(ProfileRequest.chip)))
@@ -75,7 +70,7 @@ def _build(session: Session, chip: str, settings: Settings) -> bool:
         return False  # another builder answered them
     started = _clock(session)
     last = session.scalar(select(func.max(ProfileBuild.finished_at)).where(ProfileBuild.chip == chip))
-    since = (_aware(started) - _aware(last)).total_seconds() if last is not None else None
+    since = (stored_utc(started) - stored_utc(last)).total_seconds() if last is not None else None
     if since is not None and since < settings.profile_min_interval_seconds:
         return False  # built moments ago: its requests wait for the next pass after the interval
     if settings.profile_build_delay_seconds > 0:  # a testing knob: a slow build, on purpose

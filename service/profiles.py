@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
@@ -33,7 +33,7 @@ from kernelfleet.kernels.profile_file import SCHEMA
 from kernelfleet.kernels.spec import parse_config_key
 from kernelfleet.service import aggregates, calibration, chips
 from kernelfleet.service.aggregates import StatRow
-from kernelfleet.service.db import keep_newest
+from kernelfleet.service.db import keep_newest, stored_utc
 from kernelfleet.service.models import Calibration, ConfigStat, Profile
 from kernelfleet.service.predict import ChipTable, Observations, predict
 
@@ -79,7 +79,7 @@ def observations(rows: Sequence[StatRow]) -> tuple[Observations, Evidence]:
 def _iso(value: datetime | None) -> str | None:
     if value is None:
         return None
-    return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
+    return stored_utc(value).isoformat()
 
 
 def choose(stats: dict[str, StatRow], backend: str) -> StatRow | None:

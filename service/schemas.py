@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -23,6 +23,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import PydanticCustomError
+
+from kernelfleet.service.db import stored_utc
 
 MAX_TRIALS = 512
 MAX_SAMPLES = 1000
@@ -69,9 +71,7 @@ def _check_shape(text: str) -> str:
 def _utc(value: datetime | None) -> str | None:
     if value is None:
         return None
-    if value.tzinfo is None:  # SQLite returns naive datetimes; every stored time is UTC
-        value = value.replace(tzinfo=UTC)
-    return value.isoformat()
+    return stored_utc(value).isoformat()
 
 
 Name = Annotated[str, Field(min_length=1, max_length=128)]

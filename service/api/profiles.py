@@ -11,7 +11,7 @@ only (each marked, with its calibrated confidence) is built for it.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
@@ -21,7 +21,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from kernelfleet.service import aggregates, chips
-from kernelfleet.service.db import immediate
+from kernelfleet.service.db import immediate, stored_utc
 from kernelfleet.service.deps import DashboardDep, DbDep
 from kernelfleet.service.errors import NotFound
 from kernelfleet.service.models import ConfigStat, Profile, ProfileRequest
@@ -153,6 +153,4 @@ def get_profile(
 
 
 def _iso(value: datetime) -> str:
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return str(value.isoformat())
+    return stored_utc(value).isoformat()
