@@ -42,6 +42,6 @@ def run_result_hooks(session_factory: sessionmaker[Session], result_id: int) -> 
     for fn in list(_hooks):
         try:
             fn(session_factory, result_id)
-        except Exception:  # a hook's bug must not fail the request that stored the result
+        except Exception:  # a hook's bug must not stop the other hooks or the later results
             name = getattr(fn, "__qualname__", repr(fn))
             logger.exception("result hook %s failed for result %s", name, result_id)
