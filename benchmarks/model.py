@@ -10,14 +10,17 @@ committed configs in ``tests/data/models/``, with random weights (no weights can
 ``--layers`` decoder layers (default 8 of 32 and 48: the per-layer work is the model's; the embedding
 and LM head weigh more with fewer layers), in bfloat16 and 4-bit (``nn.quantize``, group 64).
 
-``run`` measures, per model and dtype, with the stock model and the patched one (the same weights:
-``kernelfleet.patch`` / ``unpatch`` toggle the model in place) in interleaved rounds:
+``run`` measures, per model and dtype, the stock model and a patched twin (built with the same seed,
+so the same weights; patched once, as a user would, so its per-shape decisions are made in warm-up)
+in interleaved rounds:
 
-- prefill tokens/s at each ``--prefill`` length (batch 1, fresh KV cache);
+- prefill tokens/s at each ``--prefill`` length (batch 1, fresh KV cache; one forward, whose graph
+  is built before the GPU starts);
 - decode tokens/s at each ``--decode`` batch: ``--steps`` one-token steps after a ``--context``-token
-  prefill, with a KV cache (tokens/s counts every sequence of the batch);
-- logits: the patched prefill's logits against the stock ones (max |diff| / max |logit|, and the
-  share of positions whose argmax agrees);
+  prefill, with a KV cache, in mlx-lm's own decode loop (``generate_step``: the next step is built
+  and queued while the GPU runs this one); tokens/s counts every sequence of the batch;
+- logits: the patched prefill's logits against the stock ones at the longest ``--prefill`` (max
+  |diff| / max |logit|, and the share of positions whose argmax agrees);
 - the share of the stock forward's time spent in the ops the patch replaces (Amdahl): each op the
   patch routes, at the shapes and counts one forward calls it (counted through the patch), timed in
   isolation as the built-in and as the profile's choice, against the measured forward. Isolated op
@@ -186,30 +189,38 @@ def primed(model: nn.Module, batch: int, context: int) -> list[Any]:
 
 
 def decode_s(model: nn.Module, batch: int, context: int, steps: int) -> float:
+    """Seconds per step of mlx-lm's decode loop (``generate_step``): the next step's graph is built
+    and queued (``mx.async_eval``) while the GPU runs this one, so host time hides behind GPU time
+    where there is GPU time to hide behind."""
     cache = primed(model, batch, context)
-    token = mx.zeros((batch, 1), mx.int32)
+
+    def step(token: mx.array) -> mx.array:
+        logits = model(token, cache=cache)
+        return mx.argmax(logits[:, -1, :], axis=-1).astype(mx.int32)[:, None]
+
+    y = step(mx.zeros((batch, 1), mx.int32))
+    mx.async_eval(y)
     t0 = time.perf_counter()
     for _ in range(steps):
-        logits = model(token, cache=cache)
-        token = mx.argmax(logits[:, -1:, :], axis=-1).astype(mx.int32)
-        mx.eval(token)
+        following = step(y)
+        mx.async_eval(following)
+        mx.eval(y)
+        y = following
+    mx.eval(y)
     return (time.perf_counter() - t0) / steps
 
 
-def side_by_side(model: nn.Module, profile: Any, measure: Callable[[], float],
-                 rounds: int) -> tuple[list[float], list[float]]:
+def side_by_side(stock_model: nn.Module, patched_model: nn.Module,
+                 measure: Callable[[nn.Module], float], rounds: int) -> tuple[list[float], list[float]]:
+    """Interleaved rounds of the stock model and its patched twin (the same weights, patched once, as a
+    user would: each patched module's per-shape decisions are made on its first call, in warm-up)."""
     stock, patched = [], []
-    measure()  # warm-up: stock
-    model_patch.patch(model, profile)
-    measure()  # warm-up: patched (builds its kernels)
-    model_patch.unpatch(model)
+    measure(stock_model)  # warm-up
+    measure(patched_model)  # warm-up: builds its kernels, makes its decisions
     for r in range(rounds):
-        for mode in (("stock", "patched") if r % 2 == 0 else ("patched", "stock")):
-            if mode == "patched":
-                model_patch.patch(model, profile)
-            (patched if mode == "patched" else stock).append(measure())
-            if mode == "patched":
-                model_patch.unpatch(model)
+        order = ((stock_model, stock), (patched_model, patched))
+        for model, times in (order if r % 2 == 0 else order[::-1]):
+            times.append(measure(model))
     return stock, patched
 
 
@@ -294,24 +305,27 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> None:
                 continue
             emit(f"\n{config['model_type']} ({config['num_hidden_layers']} layers, hidden "
                  f"{config['hidden_size']}, {'4-bit' if quantized else args.dtype})")
-            measure_model(build(config, quantized, args.dtype), keys, profile, view, args, emit)
+            model = build(config, quantized, args.dtype)
+            measure_model(model, build(config, quantized, args.dtype), keys, profile, view, args, emit)
+            del model
 
 
-def measure_model(model: nn.Module, keys: list, profile: Any, view: Any, args: argparse.Namespace,
-                  emit: Callable[[str], None]) -> None:
-    report = model_patch.patch(model, profile)
+
+def measure_model(model: nn.Module, twin: nn.Module, keys: list, profile: Any, view: Any,
+                  args: argparse.Namespace, emit: Callable[[str], None]) -> None:
+    """``twin``: a second model with the same weights, patched here for the side-by-side rounds."""
+    report = model_patch.patch(twin, profile)
     emit("\n".join("  " + line for line in str(report).splitlines()))
-    model_patch.unpatch(model)
-    emit("  " + logits_check(model, profile, args.prefill[0]))
+    emit("  " + logits_check(model, profile, max(args.prefill)))
     for n in args.prefill:
-        stock, patched = side_by_side(model, profile, lambda n=n: prefill_s(model, n), args.rounds)
+        stock, patched = side_by_side(model, twin, lambda m, n=n: prefill_s(m, n), args.rounds)
         emit(row(f"prefill {n}", n, stock, patched))
         tokens = mx.random.randint(0, TOKEN_IDS, (1, n), key=mx.random.key(n))
         emit("    " + amdahl(model, keys, view, lambda t=tokens: model(t, cache=make_prompt_cache(model)),
                              statistics.median(stock), args.launches))
     for b in args.decode:
         stock, patched = side_by_side(
-            model, profile, lambda b=b: decode_s(model, b, args.context, args.steps), args.rounds)
+            model, twin, lambda m, b=b: decode_s(m, b, args.context, args.steps), args.rounds)
         emit(row(f"decode batch {b}", b, stock, patched))
         cache = primed(model, b, args.context)
         step = mx.zeros((b, 1), mx.int32)

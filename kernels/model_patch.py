@@ -5,7 +5,9 @@ Walks the model as ``zmlx.patch`` does and matches the patterns of
 :mod:`kernelfleet.kernels.model_patterns`. For each match the profile decides, per kernel and model
 dimension (e.g. rmsnorm ``rows x 4096`` in bfloat16, any token count):
 
-- some tuned shape runs a custom config (measured, or predicted at or above ``min_confidence``):
+- some tuned shape runs a custom config (measured, or predicted at or above ``min_confidence``; and,
+  where the entry says by how much, faster than the built-in beyond the noise and by at least
+  ``min_gain_us`` a call, the host time a patched call adds: :mod:`kernelfleet.kernels.profile_view`):
   the module is patched. A call whose exact shape has a custom config for one of its kernels runs
   the kernels (the profile's configs, the catalog's built-in for a kernel without one); any other
   call runs the module's own code (:func:`kernelfleet.kernels.model_patterns.wrap`);
@@ -30,7 +32,7 @@ import mlx.nn as nn
 from . import runtime
 from .common import dtype_name
 from .model_patterns import PATTERNS, KernelSwiGLU, Router, Site, wrap
-from .profile_view import DEFAULT_MIN_CONFIDENCE, ProfileView, load
+from .profile_view import DEFAULT_MIN_CONFIDENCE, DEFAULT_MIN_GAIN_US, ProfileView, load
 
 ATTR = "_kernelfleet_patch"
 
@@ -99,7 +101,7 @@ def _decide(site: Site, view: ProfileView, dtype: str) -> tuple[bool, str]:
             parts.append(f"{kernel}: custom at {', '.join(custom)}"
                          + (f"; built-in at {', '.join(builtin)}" if builtin else ""))
         elif builtin:
-            parts.append(f"{kernel}: the built-in wins at every tuned shape ({', '.join(builtin)})")
+            parts.append(f"{kernel}: the built-in at every tuned shape ({', '.join(builtin)})")
         else:
             parts.append(f"{kernel}: untuned and no confident prediction")
     if any_custom:
@@ -135,16 +137,19 @@ def _replace_child(parent: nn.Module, name: str, site: Site, router: Router) -> 
 
 
 def patch(model: nn.Module, profile: str | Path | dict[str, Any] | None = None, *,
-          min_confidence: float = DEFAULT_MIN_CONFIDENCE, custom_kernels: bool = True) -> PatchReport:
+          min_confidence: float = DEFAULT_MIN_CONFIDENCE, min_gain_us: float = DEFAULT_MIN_GAIN_US,
+          custom_kernels: bool = True) -> PatchReport:
     """Patch ``model`` in place with this chip's profile (``profile=None``: the one ``kernelfleet pull``
     stored; or a profile file's path, or a profile body). Returns what was patched and kept, and why
-    (also kept on the model for :func:`unpatch`). ``custom_kernels=False`` routes the same calls
-    through the catalog's built-ins only (to count calls or check numerics)."""
+    (also kept on the model for :func:`unpatch`). A custom config is used only where the profile says
+    it saves at least ``min_gain_us`` a call over the built-in (0: wherever it is faster beyond the
+    noise). ``custom_kernels=False`` routes the same calls through the catalog's built-ins only (to
+    count calls or check numerics)."""
     if getattr(model, ATTR, None) is not None:
         raise ValueError("this model is already patched by kernelfleet; "
                          "call kernelfleet.unpatch(model) first")
     target = runtime.target()
-    view = load(profile, target.chip, min_confidence)
+    view = load(profile, target.chip, min_confidence, min_gain_us)
     gpu = custom_kernels and runtime.gpu_backend() is not None
     dtype = _model_dtype(model)
     report = PatchReport([], view.source, target.backend, dtype)

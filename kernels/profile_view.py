@@ -2,7 +2,21 @@
 (kernel, shape, dtype), and what the profile says about a family of shapes (one model dimension).
 
 An entry counts as custom only when its config is not the built-in, it is not a fallback, and, if it
-is predicted, its confidence is at least ``min_confidence``. Anything else runs the built-in.
+is predicted, its confidence is at least ``min_confidence``; and, where the entry carries the evidence,
+when it is faster than the built-in beyond the noise and by more than what a patched call adds:
+
+- its speedup interval lies above 1 (a coordinator's profile), else its speedup is at least
+  :data:`MIN_SPEEDUP` (the noise floor of side-by-side timings);
+- the time it saves a call, ``median_us * (speedup - 1)`` (the built-in's median less ours), is at
+  least ``min_gain_us``: the host time a patched call adds to the model's forward (routing through
+  the kernels runtime and a custom-kernel launch instead of MLX's own op). Measured on an H100 host
+  (``benchmarks/host_cost.py``, ``results/h100_host_cost.txt``): a custom add_rmsnorm through the
+  runtime costs 8.5-11.3 µs of host time a call, ``x + r`` with ``mx.fast.rms_norm`` 1.6-2.2 µs;
+  hence :data:`DEFAULT_MIN_GAIN_US`.
+  A forward is host-bound where its ops are small (decode), and a prefill's graph is built before
+  the GPU starts, so that time is not hidden.
+
+Anything else runs the built-in.
 """
 
 from __future__ import annotations
@@ -17,6 +31,8 @@ from . import profile_file
 from .spec import BUILTIN, Config, Shape, format_shape, parse_shape
 
 DEFAULT_MIN_CONFIDENCE = 0.8  # the coordinator's KERNELFLEET_PREDICTION_MIN_CONFIDENCE default
+MIN_SPEEDUP = 1.03  # side-by-side repeat pairs differed by up to 1.9 % (h100_session_run6.txt)
+DEFAULT_MIN_GAIN_US = 8.0  # host µs a patched call adds (module docstring)
 
 
 @dataclass
@@ -24,6 +40,7 @@ class ProfileView:
     entries: dict[tuple[str, str, str], dict[str, Any]]
     source: str
     min_confidence: float = DEFAULT_MIN_CONFIDENCE
+    min_gain_us: float = 0.0
     _by_kernel: dict[tuple[str, str], list[tuple[Shape, dict[str, Any]]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -34,10 +51,26 @@ class ProfileView:
                 continue
 
     def usable(self, entry: dict[str, Any]) -> bool:
+        return self.why_builtin(entry) is None
+
+    def why_builtin(self, entry: dict[str, Any]) -> str | None:
+        """Why ``entry`` runs the built-in (None: it runs its custom config); the reasons other than
+        "the profile's pick is the built-in" are worded for :func:`kernelfleet.patch`'s report."""
         config = entry.get("config") or BUILTIN
         if config == BUILTIN or entry.get("fallback"):
-            return False
-        return not entry.get("predicted") or float(entry.get("confidence") or 0.0) >= self.min_confidence
+            return "built-in"
+        if entry.get("predicted") and _num(entry.get("confidence")) < self.min_confidence:
+            return "not confident"
+        speedup, median = _num(entry.get("speedup"), None), _num(entry.get("median_us"), None)
+        interval = entry.get("speedup_interval")
+        if isinstance(interval, list) and len(interval) == 2 and _num(interval[0], None) is not None:
+            if _num(interval[0]) <= 1.0:
+                return "not faster beyond the noise"
+        elif speedup is not None and speedup < MIN_SPEEDUP:
+            return "not faster beyond the noise"
+        if speedup is not None and median is not None and median * (speedup - 1.0) < self.min_gain_us:
+            return f"gains under {self.min_gain_us:g} µs a call"
+        return None
 
     def choice(self, kernel: str, shape: Shape, dtype: str) -> Config | None:
         """The custom config to run at this exact shape, or None (the built-in)."""
@@ -45,17 +78,30 @@ class ProfileView:
         return dict(entry["config"]) if entry is not None and self.usable(entry) else None
 
     def family(self, kernel: str, dtype: str, member: Callable[[Shape], bool]) -> tuple[list[str], list[str]]:
-        """The tuned shapes of one family (e.g. rmsnorm rows x 4096): (custom ones, built-in ones)."""
+        """The tuned shapes of one family (e.g. rmsnorm rows x 4096): (custom ones, built-in ones); a
+        built-in shape whose profile pick is custom says why it runs the built-in, e.g.
+        ``8x4096 (gains under 8 µs a call)``."""
         custom: list[str] = []
         builtin: list[str] = []
         for shape, e in self._by_kernel.get((kernel, dtype), []):
             if member(shape):
-                (custom if self.usable(e) else builtin).append(format_shape(shape))
+                why = self.why_builtin(e)
+                if why is None:
+                    custom.append(format_shape(shape))
+                else:
+                    builtin.append(format_shape(shape) + ("" if why == "built-in" else f" ({why})"))
         return custom, builtin
 
 
+def _num(value: Any, default: float | None = 0.0) -> Any:
+    """``value`` as a float when it is a number (not a bool), else ``default``."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return default
+
+
 def load(profile: str | Path | dict[str, Any] | None, chip: str,
-         min_confidence: float = DEFAULT_MIN_CONFIDENCE) -> ProfileView:
+         min_confidence: float = DEFAULT_MIN_CONFIDENCE, min_gain_us: float = 0.0) -> ProfileView:
     """``None``: this chip's pulled profile (``kernelfleet pull``); a path: a profile file; a dict: a
     profile body. A missing profile is an empty view (everything keeps the built-in)."""
     if isinstance(profile, dict):
@@ -74,4 +120,4 @@ def load(profile: str | Path | dict[str, Any] | None, chip: str,
         raise ValueError(f"{source}: not a {profile_file.SCHEMA} profile")
     entries = {(e["kernel"], e["shape"], e["dtype"]): e for e in (body or {}).get("entries", [])
                if isinstance(e, dict) and all(isinstance(e.get(k), str) for k in profile_file.KEY_FIELDS)}
-    return ProfileView(entries, source, min_confidence)
+    return ProfileView(entries, source, min_confidence, min_gain_us)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 import mlx.core as mx
@@ -178,8 +179,15 @@ def prior(config: Config, D: int, dtype: str) -> float:
     return cost
 
 
+@lru_cache(maxsize=1024)
+def _fits(D: int, dtype: str) -> bool:
+    return bool(space(D, dtype))
+
+
 def check_row(D: int, dtype: str) -> None:
-    if not space(D, dtype):
+    """Whether some configuration fits a row of ``D`` (cached: it enumerates the space, ~0.5 ms, and
+    :func:`kernelfleet.patch` checks each call shape once)."""
+    if not _fits(D, dtype):
         raise BadShape(f"row length {D} is too long or too short for the row kernels (32 <= D <= 32768)")
 
 

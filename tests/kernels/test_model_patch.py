@@ -124,10 +124,37 @@ def test_the_profile_decides_what_is_kept() -> None:
     report = kernelfleet.patch(model, profile=profile)
     kept = {m.kind: m.reason for m in report.kept}
     assert set(kept) == {"rmsnorm", "swiglu", "rope"}, str(report)
-    assert kept["rmsnorm"].startswith("profile: rmsnorm: the built-in wins at every tuned shape (1x64, 7x64)")
+    assert kept["rmsnorm"].startswith("profile: rmsnorm: the built-in at every tuned shape (1x64, 7x64)")
     assert kept["rope"] == "rope: untuned and no confident prediction"
     assert {m.kind for m in report.patched} == {"residual add + rmsnorm"}
     assert "2 modules patched, 7 kept" in str(report)
+    kernelfleet.unpatch(model)
+
+
+def test_custom_picks_that_save_too_little_keep_the_module() -> None:
+    """A measured custom pick is used only where it is faster than the built-in beyond the noise and
+    saves at least ``min_gain_us`` a call (what a patched call adds on the host); the report says why."""
+    model = build(LLAMA)
+    profile, _ = profile_for(LLAMA)
+    for e in profile["entries"]:
+        if e["kernel"] == "swiglu":  # 10 µs -> 10.2 µs: within the noise
+            e.update(median_us=10.0, speedup=1.02)
+        elif e["kernel"] == "rope":  # faster beyond the noise, but saves 2 µs a call
+            e.update(median_us=10.0, speedup=1.2)
+        elif e["kernel"] == "rmsnorm":  # a coordinator's interval that reaches below 1
+            e.update(median_us=10.0, speedup=2.0, speedup_interval=[0.97, 2.5])
+        else:  # saves 20 µs a call
+            e.update(median_us=20.0, speedup=2.0, speedup_interval=[1.8, 2.2])
+    report = kernelfleet.patch(model, profile=profile)
+    kept = {m.kind: m.reason for m in report.kept}
+    assert set(kept) == {"swiglu", "rope", "rmsnorm"}, str(report)
+    assert all("(not faster beyond the noise)" in kept[k] for k in ("swiglu", "rmsnorm"))
+    assert "(gains under 8 µs a call)" in kept["rope"]
+    assert {m.kind for m in report.patched} == {"residual add + rmsnorm"}
+    kernelfleet.unpatch(model)
+    # min_gain_us=0: every pick faster beyond the noise is used
+    report = kernelfleet.patch(model, profile=profile, min_gain_us=0)
+    assert {m.kind for m in report.kept} == {"swiglu", "rmsnorm"}, str(report)
     kernelfleet.unpatch(model)
 
 
