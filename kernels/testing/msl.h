@@ -13,6 +13,11 @@
 //     metal::max/min/clamp take one type for all arguments; metal::precise::* and metal::fast::*
 //     take float (and MLX's bfloat overloads), never half;
 //   * bfloat converts only explicitly from float/half/int, implicitly only to float;
+//   * bfloat is a class here but a scalar in MSL. Where that shows -- clang keeps the address space of
+//     a class-type lvalue, so `c ? y : T(1) - y` (a __private bfloat lvalue, a bfloat prvalue) is
+//     "incompatible operand types" -- msl_strict.py wraps both operands in kf_rvalue (below), the
+//     conversion to a prvalue MSL applies to scalar operands (half and float are built-in
+//     types: clang drops their address space with their other qualifiers, so they never hit it);
 //   * no C library: no <cmath>, so erff/fmaxf/expf are undeclared, as on Metal.
 // - emulate (KF_MSL_EMULATE): the same overload sets with definitions, compiled as plain C++ for
 //   running kernels on the CPU (emu_runtime.h provides barriers, SIMD-group functions and
@@ -332,6 +337,12 @@ template <> struct numeric_limits<uint> {
 // A `threadgroup T name[N];` variable of a kernel body becomes a reference to this (see
 // msl_clang.py): memory the threadgroup shares.
 template <typename T> KF_DECL threadgroup T& kf_threadgroup_memory();
+
+// A bfloat operand of a conditional clang refuses only because of its address space (see the top and
+// msl_strict.scalar_conditionals) becomes kf_rvalue(operand): a by-value parameter deduces T without
+// address space or const, so any bfloat glvalue or prvalue gives a plain bfloat prvalue, as the
+// lvalue-to-rvalue conversion of a scalar does in MSL.
+template <typename T> KF_DECL T kf_rvalue(T x) KF_BODY(return x;)
 
 // What MLX's metal::utils() adds in front of every custom kernel (mlx/backend/metal/kernels/
 // bf16.h, utils.h): `using namespace metal;`, bfloat16_t = bfloat, float16_t = half.

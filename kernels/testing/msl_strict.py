@@ -5,6 +5,15 @@ Kernels are batched into translation units (each distinct header once, in a name
 followed by its kernels) and units are compiled in parallel. Errors are attributed to the kernel
 whose lines they fall in, or whose instantiation clang names in its notes.
 
+One rewrite is guided by clang's own diagnostics (:func:`scalar_conditionals`): bfloat is a scalar
+type in MSL but a class in the model, and clang keeps the address space of a class-type operand of
+``?:``, so ``c ? y : T(1) - y`` (a ``thread`` bfloat lvalue and a bfloat prvalue) is refused as
+"incompatible operand types ('__private metal::bfloat' and 'metal::bfloat')", where MSL, as for
+every scalar, converts each operand to a prvalue first. Where clang refuses a conditional between
+two bfloat operands that differ only in address space (or const), both operands are wrapped in
+``kf_rvalue(...)`` (msl.h: that lvalue-to-rvalue conversion) and the unit is compiled again; every
+other diagnostic stands.
+
 ``compile_strict(kernels)`` is the entry point (see :mod:`kernelfleet.kernels.testing`).
 """
 
@@ -28,8 +37,15 @@ CLANG_FLAGS = (
     "-ferror-limit=0", "-fno-caret-diagnostics", "-Wno-unknown-attributes", "-Wno-unknown-pragmas",
     "-Werror=vla-extension", "-Werror=return-type",
     "-Werror=address-of-temporary",
+    "-fdiagnostics-print-source-range-info",  # operand ranges, for scalar_conditionals
 )
-_DIAG = re.compile(r"^(.+?):(\d+):\d+: (error|note): (.*)$", re.MULTILINE)
+_DIAG = re.compile(r"^(.+?):(\d+):\d+:((?:\{\d+:\d+-\d+:\d+\})*):? (error|note): (.*)$", re.MULTILINE)
+_RANGE = re.compile(r"\{(\d+):(\d+)-(\d+):(\d+)\}")
+# a bfloat operand in any address space, const or not: in MSL a scalar, so never incompatible with another
+_BFLOAT_TYPE = r"'(?:const )?(?:__(?:private|global|local|constant) )?(?:const )?metal::bfloat'"
+_BFLOAT = rf"(?:{_BFLOAT_TYPE}|'[^']*' \(aka {_BFLOAT_TYPE}\))"  # bfloat16_t is clang's sugar for it
+_BFLOAT_CONDITIONAL = re.compile(rf"incompatible operand types \({_BFLOAT} and {_BFLOAT}\)")
+_MAX_PASSES = 4  # a rewrite can expose an enclosing conditional: one nesting level per pass
 
 
 class StrictModelUnavailable(RuntimeError):
@@ -97,12 +113,51 @@ def _units(kernels: Sequence[MetalKernel], per_unit: int) -> list[_Unit]:
     return units
 
 
+def scalar_conditionals(text: str, stderr: str) -> str | None:
+    """``text`` with both operands of each conditional clang refused (in ``stderr``, compiled with
+    ``-fdiagnostics-print-source-range-info``) only because two bfloat operands differ in address
+    space or const wrapped in ``::kf_rvalue(...)``: the conversion to a prvalue MSL applies to the
+    operands of a scalar type. Lines are kept. None when there is no such conditional."""
+    data = text.encode()  # clang's columns count bytes
+    starts = [0]
+    starts += [i + 1 for i, ch in enumerate(data) if ch == ord("\n")]
+    ranges: set[tuple[int, int]] = set()
+    for m in _DIAG.finditer(stderr):
+        if m.group(1) != "<stdin>" or m.group(4) != "error" or not _BFLOAT_CONDITIONAL.match(m.group(5)):
+            continue
+        operands = [tuple(int(g) for g in r.groups()) for r in _RANGE.finditer(m.group(3))]
+        if len(operands) != 2:
+            continue
+        for l1, c1, l2, c2 in operands:  # 1-based lines and columns, the end one past the operand
+            if max(l1, l2) <= len(starts) and (l1, c1) < (l2, c2):
+                ranges.add((starts[l1 - 1] + c1 - 1, starts[l2 - 1] + c2 - 1))
+    if not ranges:
+        return None
+    # insertions by offset: closing parentheses before opening ones, inner ranges closed first and
+    # outer ones opened first, so nested operands nest
+    edits = sorted([(end, 0, -start, b")") for start, end in ranges]
+                   + [(start, 1, -end, b"::kf_rvalue(") for start, end in ranges])
+    out: list[bytes] = []
+    at = 0
+    for offset, _, _, piece in edits:
+        out += [data[at:offset], piece]
+        at = offset
+    out.append(data[at:])
+    return b"".join(out).decode()
+
+
 def _compile(unit: _Unit, clang: str) -> dict[str, list[str]]:
     errors = {k: list(v) for k, v in unit.rewrite_errors.items()}
     if not unit.spans:
         return errors
-    proc = subprocess.run([clang, *CLANG_FLAGS, f"-I{INCLUDE_DIR}", "-"], input=unit.text,
-                          capture_output=True, text=True, timeout=900)
+    text = unit.text
+    for _ in range(_MAX_PASSES):
+        proc = subprocess.run([clang, *CLANG_FLAGS, f"-I{INCLUDE_DIR}", "-"], input=text,
+                              capture_output=True, text=True, timeout=900)
+        rewritten = None if proc.returncode == 0 else scalar_conditionals(text, proc.stderr)
+        if rewritten is None:
+            break
+        text = rewritten
     if proc.returncode == 0:
         return errors
 
@@ -111,7 +166,7 @@ def _compile(unit: _Unit, clang: str) -> dict[str, list[str]]:
 
     current: tuple[str, list[str]] | None = None
     for m in _DIAG.finditer(proc.stderr):
-        line, kind, message = int(m.group(2)), m.group(3), m.group(4)
+        line, kind, message = int(m.group(2)), m.group(4), m.group(5)
         if m.group(1) != "<stdin>":  # in msl.h itself: breaks every kernel of the unit
             if kind == "error":
                 errors.setdefault("<header>", []).append(f"{m.group(1)}:{line}: {message}")

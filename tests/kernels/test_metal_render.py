@@ -5,6 +5,7 @@ planted into a real kernel, fails the check."""
 
 from __future__ import annotations
 
+import mlx.core as mx
 import pytest
 
 from kernelfleet.kernels.catalog import get_spec
@@ -79,3 +80,49 @@ def test_threadgroup_variables_follow_msl_rules() -> None:
                         ("void k() { threadgroup float a[4], b[4]; }", True)]:
         with pytest.raises(RewriteError):
             for_clang(bad, kernel=kernel)
+
+
+# A conditional between operands of one scalar type is valid MSL whatever their address spaces and
+# value categories. bfloat is a class in the model, where clang keeps the address space (a private
+# lvalue and a prvalue were "incompatible operand types"); half and float are built-in types.
+SIGMOID = ("template <typename T> T kf_sig(T x) {\n  T y = T(1) / (T(1) + metal::exp(-x));\n"
+           "  return /* σ(x) */ (x < T(0)) ? y : T(1) - y;\n}\n")  # zmlx's kk_sigmoid (σ: clang counts bytes)
+CONDITIONALS = {  # name: body lines (x: device input, k: constant input, out: device output)
+    "private_lvalue_prvalue": "T y = x[i];\n  out[i] = (x[i] < T(0)) ? y : T(1) - y;",
+    "prvalue_private_lvalue": "T y = x[i];\n  out[i] = (i % 2 == 0) ? T(1) : y;",
+    "device_lvalue_prvalue": "out[i] = (x[i] < T(0)) ? x[i] : T(0);",
+    "constant_threadgroup_lvalues": ("threadgroup T t[4];\n  t[i % 4] = x[i];\n"
+                                     "  out[i] = (i < 2) ? k[i] : t[i % 4];"),
+    "nested": "T y = x[i];\n  out[i] = (i < 2) ? ((y < T(0)) ? y : T(0)) : x[i];",
+    "header_helper": "out[i] = kf_sig(x[i]);",
+    "to_float": "T y = x[i];\n  float f = (y < T(0)) ? y : T(1);\n  out[i] = T(f);",
+}
+# ... and what MSL refuses of a bfloat conditional, the model still refuses
+BFLOAT_CONDITIONALS_REFUSED = {
+    "bfloat_to_half_implicitly": "T y = x[i];\n  half h = (y < T(0)) ? y : T(1);\n  out[i] = T(h);",
+    "float_operand_stored_as_bfloat": "T y = x[i];\n  out[i] = (y < T(0)) ? y : 1.0f;",
+    "float_to_bfloat_return": "T y = x[i];\n  bfloat z = (y < T(0)) ? float(y) : T(1) - y;\n  out[i] = z;",
+}
+
+
+def _conditional(name: str, body: str, dtype: mx.Dtype) -> MetalKernel:
+    return metal_kernel(name, ["x", "k"], ["out"], f"uint i = thread_position_in_grid.x;\n  {body}", SIGMOID,
+                        [dtype, dtype], [(64,), (2,)], [dtype], [("T", dtype)])
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16], ids=str)
+def test_conditionals_of_one_scalar_type_pass_whatever_their_address_spaces(dtype: mx.Dtype) -> None:
+    kernels = [_conditional(name, body, dtype) for name, body in CONDITIONALS.items()]
+    assert all(k.text.count(" ? ") >= 1 for k in kernels)
+    report = compile_strict(kernels)
+    assert report.kernels == len(CONDITIONALS)
+    assert report.ok, report.summary()
+
+
+def test_what_msl_refuses_of_a_bfloat_conditional_still_fails() -> None:
+    kernels = [_conditional(name, body, mx.bfloat16) for name, body in BFLOAT_CONDITIONALS_REFUSED.items()]
+    report = compile_strict(kernels)
+    assert sorted(report.errors) == sorted(k.name for k in kernels), report.summary()
+    for k in kernels:
+        print(f"{k.name}: {report.errors[k.name][0]}")
+        assert not any("incompatible operand types" in e for e in report.errors[k.name])
