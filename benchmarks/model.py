@@ -14,8 +14,8 @@ and LM head weigh more with fewer layers), in bfloat16 and 4-bit (``nn.quantize`
 so the same weights; patched once, as a user would, so its per-shape decisions are made in warm-up)
 in interleaved rounds:
 
-- prefill tokens/s at each ``--prefill`` length (batch 1, fresh KV cache; one forward, whose graph
-  is built before the GPU starts);
+- prefill tokens/s at each ``--prefill`` length (batch 1, fresh KV cache; each forward's graph is
+  built before the GPU starts; a round is the mean of 4 prefills);
 - decode tokens/s at each ``--decode`` batch: ``--steps`` one-token steps after a ``--context``-token
   prefill, with a KV cache, in mlx-lm's own decode loop (``generate_step``: the next step is built
   and queued while the GPU runs this one); tokens/s counts every sequence of the batch;
@@ -176,9 +176,14 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
+PREFILLS_PER_ROUND = 4  # one prefill of 512 tokens is 4-6 ms on an H200: a round times several
+
+
 def prefill_s(model: nn.Module, n: int) -> float:
+    """Seconds per prefill of ``n`` tokens (each a fresh KV cache), the mean of a round's prefills."""
     tokens = mx.random.randint(0, TOKEN_IDS, (1, n), key=mx.random.key(n))
-    return timed(lambda: model(tokens, cache=make_prompt_cache(model)))
+    return sum(timed(lambda: model(tokens, cache=make_prompt_cache(model)))
+               for _ in range(PREFILLS_PER_ROUND)) / PREFILLS_PER_ROUND
 
 
 def primed(model: nn.Module, batch: int, context: int) -> list[Any]:
@@ -344,8 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill", type=int, nargs="+", help="prefill lengths (default 512 2048)")
     p.add_argument("--decode", type=int, nargs="+", help="decode batch sizes (default 1 8)")
     p.add_argument("--context", type=int, help="tokens in the cache before decode steps (default 512)")
-    p.add_argument("--steps", type=int, help="decode steps timed per round (default 32)")
-    p.add_argument("--rounds", type=int, help="interleaved rounds per mode (default 5)")
+    p.add_argument("--steps", type=int, help="decode steps timed per round (default 128)")
+    p.add_argument("--rounds", type=int, help="interleaved rounds per mode (default 7)")
     p.add_argument("--launches", type=int, help="op launches per timing in the Amdahl estimate (default 50)")
     p.add_argument("--profile", help="a KernelFleet profile file (kernelfleet pull, or `tune`); "
                    "--tiny without one: every planned call at its kernel's default config")
@@ -360,8 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     args.prefill = args.prefill or ([32, 64] if small else [512, 2048])
     args.decode = args.decode or [1, 8]
     args.context = args.context or (16 if small else 512)
-    args.steps = args.steps or (4 if small else 32)
-    args.rounds = args.rounds or (2 if small else 5)
+    args.steps = args.steps or (4 if small else 128)
+    args.rounds = args.rounds or (2 if small else 7)
     args.launches = args.launches or (5 if small else 50)
     # activations and norm weights of the bf16 and the 4-bit model; --tiny: float32 (MLX's CPU gather_mm,
     # the MoE experts' matmul, takes float32 only)
