@@ -102,6 +102,19 @@ def start_servers(args: argparse.Namespace, url: str, admin: str, workdir: Path)
     return servers
 
 
+def start_profiler(args: argparse.Namespace, pids: list[int]) -> Any:
+    """py-spy sampling the coordinator processes (and their children) for the measured window."""
+    if not args.profile:
+        return None
+    # --gil: only the thread holding the GIL (what costs the process CPU); --nonblocking: never pause it
+    cmd = [str(Path(sys.executable).with_name("py-spy")), "record", "--format", "raw", "--rate", "100",
+           "--gil", "--nonblocking", "--subprocesses", "--duration", str(int(args.duration)),
+           "--output", str(args.profile)]
+    if len(pids) != 1:  # py-spy takes one --pid
+        raise SystemExit("--profile samples one replica: use it with --replicas 1")
+    return subprocess.Popen([*cmd, "--pid", str(pids[0])], stdout=subprocess.DEVNULL, start_new_session=True)
+
+
 def start_nginx(ports: list[int], workdir: Path) -> tuple[Any, int]:
     """nginx with the committed deploy/nginx.conf, its upstream pointed at this host's replicas."""
     port = free_port()
@@ -371,6 +384,7 @@ async def run(args: argparse.Namespace) -> list[str]:
     timeout = aiohttp.ClientTimeout(total=args.lease_wait + 60)
     fleet = Fleet(args, bases, admin, report)
     out: list[str] = []
+    spy = None
     try:
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
             for base in {f"http://127.0.0.1:{port}" for _, port in servers}:
@@ -394,6 +408,7 @@ async def run(args: argparse.Namespace) -> list[str]:
             out.append(f"enrolled {args.workers} workers in {time.monotonic() - t_enroll:.0f} s; "
                        f"{jobs} jobs queued")
             pids = [p for proc, _ in servers for p in process_tree(proc.pid)]
+            spy = start_profiler(args, [proc.pid for proc, _ in servers])
             lag = asyncio.create_task(fleet.watch_lag())
             watch = asyncio.create_task(fleet.watch_database(url)) if args.postgres else None
             tasks = [asyncio.create_task(fleet.worker(http, i, idents[i])) for i in range(args.workers)]
@@ -414,6 +429,8 @@ async def run(args: argparse.Namespace) -> list[str]:
             if watch is not None:
                 await watch
     finally:
+        if spy is not None:
+            spy.wait()
         for proc, _ in servers:
             os.killpg(proc.pid, signal.SIGTERM)
         for proc, _ in servers:
@@ -469,6 +486,8 @@ def main() -> None:
                    help="put nginx with deploy/nginx.conf in front of the replicas (its CPU counts as "
                         "the server's)")
     p.add_argument("--connections", type=int, default=500, help="client connection pool size")
+    p.add_argument("--profile", type=Path, help="sample the coordinator with py-spy (pip install py-spy) "
+                                                "during the measured window; raw folded stacks to this file")
     p.add_argument("--out", type=Path, help="also write the summary to this file")
     args = p.parse_args()
     lines = asyncio.run(run(args))
