@@ -158,6 +158,21 @@ def cpu_used(before: dict[int, float], after: dict[int, float]) -> float:
     return sum(t - before.get(pid, 0.0) for pid, t in after.items())
 
 
+def process_shares(before: dict[int, float], after: dict[int, float], wall: float) -> list[tuple[str, float]]:
+    """CPU share of one core per kind of coordinator process: server, background, ..."""
+    shares: dict[str, float] = defaultdict(float)
+    for pid, t in after.items():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            cmdline = b""
+        name = ("background" if b"multiprocessing.spawn" in cmdline else
+                "multiprocessing tracker" if b"resource_tracker" in cmdline else
+                "nginx" if b"nginx" in cmdline else "server")
+        shares[name] += (t - before.get(pid, 0.0)) / wall
+    return sorted(shares.items(), key=lambda kv: -kv[1])
+
+
 def postgres_pids() -> list[int]:
     pids = []
     for entry in os.listdir("/proc"):
@@ -420,6 +435,7 @@ async def run(args: argparse.Namespace) -> list[str]:
             wall = time.monotonic() - t0
             me1 = resource.getrusage(resource.RUSAGE_SELF)
             cpu1, pg1, host1 = cpu_seconds(pids), cpu_seconds(postgres_pids()), host_busy()
+            shares = process_shares(cpu0, cpu1, wall)  # while the processes (and their names) exist
             load = os.getloadavg()
             acked = len(fleet.stats.acked) - acked0
             fleet.measuring = False
@@ -455,7 +471,9 @@ async def run(args: argparse.Namespace) -> list[str]:
     out.append(f"load generator: CPU {client_cpu:.0%} of one core; event-loop lag p50 "
                f"{statistics.median(s.lags) * 1e3:.1f} ms, p99 {pct(s.lags, 0.99) * 1e3:.1f} ms, "
                f"max {max(s.lags) * 1e3:.1f} ms")
-    out.append(f"coordinator ({len(pids)} processes): CPU {cpu_used(cpu0, cpu1) / wall:.0%} of one core; "
+    per_process = ", ".join(f"{name} {share:.0%}" for name, share in shares)
+    out.append(f"coordinator ({len(pids)} processes): CPU {cpu_used(cpu0, cpu1) / wall:.0%} of one core "
+               f"({per_process}); "
                f"PostgreSQL (all backends on the host): {cpu_used(pg0, pg1) / wall:.0%}; host: "
                f"{(host1[0] - host0[0]) / (host1[1] - host0[1]):.0%} busy of {os.cpu_count()} cores, "
                f"load average {load[0]:.1f} (other engineers' jobs share this host)")
