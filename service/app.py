@@ -68,10 +68,10 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         # sync routes run on anyio's default thread limiter: one thread per pool connection, so no
         # thread waits for a connection (a session never waits for a second thread: see deps.py)
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.threads()
-        tasks = [
-            asyncio.create_task(run_reaper(session_factory, settings), name="kernelfleet-reaper"),
-            asyncio.create_task(run_background(session_factory, settings), name="kernelfleet-background"),
-        ]
+        tasks = [asyncio.create_task(run_reaper(session_factory, settings), name="kernelfleet-reaper")]
+        if settings.background_in_server:  # else `kernelfleet serve` runs it in a process of its own
+            tasks.append(asyncio.create_task(run_background(session_factory, settings),
+                                             name="kernelfleet-background"))
         try:
             yield
         finally:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Annotated
@@ -57,6 +59,23 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+@contextlib.contextmanager
+def _background_process(settings: Settings, log_level: str) -> Iterator[None]:
+    """The background loop (reactions, profiles, campaign sweep, alerts) in one process of its own
+    beside the server process(es), which then only serve requests (and reap)."""
+    from kernelfleet.service import background
+
+    try:
+        process = background.start_process(settings, log_level)
+    except RuntimeError as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(1) from None
+    try:
+        yield
+    finally:  # also when uvicorn re-raises SIGTERM the process sees us gone and stops by itself
+        background.stop_process(process)
+
+
 def serve(
     host: Annotated[str | None, typer.Option(help="Address to bind "
                                              "(default KERNELFLEET_HOST or 127.0.0.1)")] = None,
@@ -78,6 +97,7 @@ def serve(
     from kernelfleet.service.migrate import SchemaNotCurrent
 
     settings = _settings(host=host, port=port, database_url=database_url, public_url=public_url)
+    settings.background_in_server = False  # _background_process runs it
     if workers > 1 and local_worker:
         err.print("[bold red]error:[/] --local-worker runs in the server process: use it with --workers 1")
         raise typer.Exit(2)
@@ -105,7 +125,8 @@ def serve(
         err.print("[yellow]warning:[/] no KERNELFLEET_ADMIN_TOKEN is set: admin routes refuse every request")
     if workers > 1:
         app.state.engine.dispose()  # built only to check the database; each process builds its own
-        _serve_processes(settings, workers, log_level)
+        with _background_process(settings, log_level):
+            _serve_processes(settings, workers, log_level)
         return
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                             proxy_headers=True, timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE)
@@ -120,7 +141,8 @@ def serve(
     out.print(f"KernelFleet dashboard at {settings.resolved_public_url}/ (API {settings.resolved_public_url}"
               f"/api/v1, docs /docs); Ctrl-C stops it", highlight=False, soft_wrap=True)
     try:
-        server.run()
+        with _background_process(settings, log_level):
+            server.run()
     finally:
         if worker is not None:
             worker.stop()
@@ -132,6 +154,7 @@ def _serve_processes(settings: Settings, workers: int, log_level: str) -> None:
     """``workers`` uvicorn processes on one socket; each builds its app from the environment
     (:func:`kernelfleet.service.app.app_from_env`), so this process passes its settings on there."""
     os.environ["KERNELFLEET_DATABASE_URL"] = settings.database_url
+    os.environ["KERNELFLEET_BACKGROUND_IN_SERVER"] = "false"  # serve's background process runs it
     if settings.admin_token:
         os.environ["KERNELFLEET_ADMIN_TOKEN"] = settings.admin_token
     if settings.public_url:

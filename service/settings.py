@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     dashboard_public: bool = True
     # background work (service/background.py): result reactions, then profile building
     background_interval_seconds: float = 0.5
+    # run that loop in each server process (an app built by create_app, e.g. in tests); `kernelfleet
+    # serve` turns it off there and runs the loop in one background process of its own
+    background_in_server: bool = True
     profile_build_delay_seconds: float = 0.0  # testing: make every build this much slower
     # a chip's profile is rebuilt at most this often: a busy chip's results coalesce into one build
     # per interval instead of back-to-back builds (each is O(the backend's stats rows))
