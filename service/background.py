@@ -1,17 +1,19 @@
 """The background loop: reactions to new results, then profiles, then the campaign sweep; beside it,
-the alerts loop.
+the alerts loop and the regression-scan loop.
 
 ``kernelfleet serve`` runs it in one process of its own beside the server process(es)
 (:func:`start_process`), so profile builds and regression detection never compete with requests
 for the server's interpreter lock; an app made by ``create_app`` with
 :attr:`Settings.background_in_server` (the default, e.g. in tests) runs it in its lifespan instead.
 
-Requests only queue work (``result_events``, ``profile_requests``); this loop does it, every
+Requests only queue work (``result_events``, ``profile_requests``, ``regression_scans``); this loop
+does it, every
 :attr:`Settings.background_interval_seconds`, each step under its own locks so that several
 processes and replicas share it without doubling it (:mod:`kernelfleet.service.reactions`,
 :mod:`kernelfleet.service.profile_builder`, :mod:`kernelfleet.service.campaign_control`). Webhook
-alerts (:mod:`kernelfleet.service.notifications`) run in a loop of their own at the same interval,
-so a slow receiver never delays reactions or profiles.
+alerts (:mod:`kernelfleet.service.notifications`) and queued change-point scans
+(:mod:`kernelfleet.service.regression_scans`) run in loops of their own at the same interval, so a
+slow receiver or a long scan never delays reactions or profiles.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from multiprocessing.synchronize import Event
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from kernelfleet.service import campaign_control, notifications, profile_builder, reactions
+from kernelfleet.service import campaign_control, notifications, profile_builder, reactions, regression_scans
 from kernelfleet.service.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -52,7 +54,8 @@ async def _loop(name: str, step: Callable[[sessionmaker[Session], Settings], obj
 async def run_background(factory: sessionmaker[Session], settings: Settings) -> None:
     """Loop for ever; a failed pass is logged and retried on the next one."""
     await asyncio.gather(_loop("background", run_once, factory, settings),
-                         _loop("alerts", notifications.run_pending, factory, settings))
+                         _loop("alerts", notifications.run_pending, factory, settings),
+                         _loop("regression scan", regression_scans.run_pending, factory, settings))
 
 
 def _process_main(settings: Settings, parent: int, log_level: str, ready: Event) -> None:
@@ -62,8 +65,8 @@ def _process_main(settings: Settings, parent: int, log_level: str, ready: Event)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server stops us
     level = getattr(logging, log_level.upper(), logging.DEBUG)  # uvicorn's levels ('trace' is below debug)
     logging.basicConfig(level=level, format="%(levelname)s:     [background] %(name)s: %(message)s")
-    # two loops, each a lock-holding session plus the session a hook or build opens beside it
-    engine = make_engine(settings.database_url, pool_size=4, max_overflow=2,
+    # three loops, each a lock-holding session plus the session a hook, build or scan opens beside it
+    engine = make_engine(settings.database_url, pool_size=6, max_overflow=2,
                          pool_timeout=settings.db_pool_timeout_seconds)
     factory = make_sessionmaker(engine)
 

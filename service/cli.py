@@ -88,8 +88,8 @@ def serve(
                                                "machine, enrolled automatically")] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
     workers: Annotated[int, typer.Option(
-        "--workers", min=1, help="Server processes on this port (uvicorn workers). Periodic work runs in one "
-                                 "process at a time: see docs/production.md")] = 1,
+        "--workers", min=1, help="Server processes on this port (uvicorn workers); serve also starts one "
+                                 "background process for queued and periodic work (docs/production.md)")] = 1,
 ) -> None:
     """Run the coordinator (API under /api/v1, docs under /docs, health at /healthz, metrics at /metrics)."""
     from kernelfleet.service.app import create_app
