@@ -63,6 +63,8 @@ def _process_main(settings: Settings, parent: int, log_level: str, ready: Event)
     from kernelfleet.service.db import make_engine, make_sessionmaker
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server stops us
+    if settings.background_nice and hasattr(os, "nice"):  # requests first when the host's cores are busy
+        os.nice(settings.background_nice)
     level = getattr(logging, log_level.upper(), logging.DEBUG)  # uvicorn's levels ('trace' is below debug)
     logging.basicConfig(level=level, format="%(levelname)s:     [background] %(name)s: %(message)s")
     # three loops, each a lock-holding session plus the session a hook, build or scan opens beside it

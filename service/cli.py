@@ -18,7 +18,12 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from kernelfleet.service import admin_cli, import_cli
 from kernelfleet.service.local_worker import LocalWorker
-from kernelfleet.service.serve_checks import PortInUse, check_port_free, quiet_idle_polls
+from kernelfleet.service.serve_checks import (
+    PortInUse,
+    check_port_free,
+    freeze_start_up_objects,
+    quiet_idle_polls,
+)
 from kernelfleet.service.settings import Settings
 
 err = Console(stderr=True, soft_wrap=True)
@@ -136,6 +141,7 @@ def serve(
         worker = LocalWorker(app.state.session_factory, settings.local_url,
                              settings.resolved_data_dir())
     server = _Server(config, worker)
+    freeze_start_up_objects()
     if worker is not None:
         worker.start()
     out.print(f"KernelFleet dashboard at {settings.resolved_public_url}/ (API {settings.resolved_public_url}"

@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     # run that loop in each server process (an app built by create_app, e.g. in tests); `kernelfleet
     # serve` turns it off there and runs the loop in one background process of its own
     background_in_server: bool = True
+    # that background process's niceness (added to serve's): when the host's cores are all busy, the
+    # server processes (requests) get the CPU first; queued work coalesces and catches up after
+    background_nice: int = Field(default=10, ge=0, le=19)
     profile_build_delay_seconds: float = 0.0  # testing: make every build this much slower
     # a chip's profile is rebuilt at most this often: a busy chip's results coalesce into one build
     # per interval instead of back-to-back builds (each is O(the backend's stats rows))
