@@ -114,7 +114,9 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 def app_from_env() -> FastAPI:
     """The app factory for ``uvicorn --factory`` and ``kernelfleet serve --workers N``: settings from
     the ``KERNELFLEET_*`` environment."""
-    from kernelfleet.service.serve_checks import quiet_idle_polls
+    from kernelfleet.service.serve_checks import freeze_start_up_objects, quiet_idle_polls
 
     quiet_idle_polls()  # each server process: idle lease polls stay out of the access log
-    return create_app(Settings())
+    app = create_app(Settings())
+    freeze_start_up_objects()
+    return app
