@@ -102,6 +102,19 @@ def start_servers(args: argparse.Namespace, url: str, admin: str, workdir: Path)
     return servers
 
 
+def start_profiler(args: argparse.Namespace, pids: list[int]) -> Any:
+    """py-spy sampling the coordinator processes (and their children) for the measured window."""
+    if not args.profile:
+        return None
+    # --gil: only the thread holding the GIL (what costs the process CPU); --nonblocking: never pause it
+    cmd = [str(Path(sys.executable).with_name("py-spy")), "record", "--format", "raw", "--rate", "100",
+           "--gil", "--nonblocking", "--subprocesses", "--duration", str(int(args.duration)),
+           "--output", str(args.profile)]
+    if len(pids) != 1:  # py-spy takes one --pid
+        raise SystemExit("--profile samples one replica: use it with --replicas 1")
+    return subprocess.Popen([*cmd, "--pid", str(pids[0])], stdout=subprocess.DEVNULL, start_new_session=True)
+
+
 def start_nginx(ports: list[int], workdir: Path) -> tuple[Any, int]:
     """nginx with the committed deploy/nginx.conf, its upstream pointed at this host's replicas."""
     port = free_port()
@@ -143,6 +156,21 @@ def cpu_seconds(pids: list[int]) -> dict[int, float]:
 def cpu_used(before: dict[int, float], after: dict[int, float]) -> float:
     """CPU seconds between two samples (processes that started in between count from zero)."""
     return sum(t - before.get(pid, 0.0) for pid, t in after.items())
+
+
+def process_shares(before: dict[int, float], after: dict[int, float], wall: float) -> list[tuple[str, float]]:
+    """CPU share of one core per kind of coordinator process: server, background, ..."""
+    shares: dict[str, float] = defaultdict(float)
+    for pid, t in after.items():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            cmdline = b""
+        name = ("background" if b"multiprocessing.spawn" in cmdline else
+                "multiprocessing tracker" if b"resource_tracker" in cmdline else
+                "nginx" if b"nginx" in cmdline else "server")
+        shares[name] += (t - before.get(pid, 0.0)) / wall
+    return sorted(shares.items(), key=lambda kv: -kv[1])
 
 
 def postgres_pids() -> list[int]:
@@ -371,6 +399,7 @@ async def run(args: argparse.Namespace) -> list[str]:
     timeout = aiohttp.ClientTimeout(total=args.lease_wait + 60)
     fleet = Fleet(args, bases, admin, report)
     out: list[str] = []
+    spy = None
     try:
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
             for base in {f"http://127.0.0.1:{port}" for _, port in servers}:
@@ -394,6 +423,7 @@ async def run(args: argparse.Namespace) -> list[str]:
             out.append(f"enrolled {args.workers} workers in {time.monotonic() - t_enroll:.0f} s; "
                        f"{jobs} jobs queued")
             pids = [p for proc, _ in servers for p in process_tree(proc.pid)]
+            spy = start_profiler(args, [proc.pid for proc, _ in servers])
             lag = asyncio.create_task(fleet.watch_lag())
             watch = asyncio.create_task(fleet.watch_database(url)) if args.postgres else None
             tasks = [asyncio.create_task(fleet.worker(http, i, idents[i])) for i in range(args.workers)]
@@ -405,6 +435,7 @@ async def run(args: argparse.Namespace) -> list[str]:
             wall = time.monotonic() - t0
             me1 = resource.getrusage(resource.RUSAGE_SELF)
             cpu1, pg1, host1 = cpu_seconds(pids), cpu_seconds(postgres_pids()), host_busy()
+            shares = process_shares(cpu0, cpu1, wall)  # while the processes (and their names) exist
             load = os.getloadavg()
             acked = len(fleet.stats.acked) - acked0
             fleet.measuring = False
@@ -414,6 +445,8 @@ async def run(args: argparse.Namespace) -> list[str]:
             if watch is not None:
                 await watch
     finally:
+        if spy is not None:
+            spy.wait()
         for proc, _ in servers:
             os.killpg(proc.pid, signal.SIGTERM)
         for proc, _ in servers:
@@ -438,7 +471,9 @@ async def run(args: argparse.Namespace) -> list[str]:
     out.append(f"load generator: CPU {client_cpu:.0%} of one core; event-loop lag p50 "
                f"{statistics.median(s.lags) * 1e3:.1f} ms, p99 {pct(s.lags, 0.99) * 1e3:.1f} ms, "
                f"max {max(s.lags) * 1e3:.1f} ms")
-    out.append(f"coordinator ({len(pids)} processes): CPU {cpu_used(cpu0, cpu1) / wall:.0%} of one core; "
+    per_process = ", ".join(f"{name} {share:.0%}" for name, share in shares)
+    out.append(f"coordinator ({len(pids)} processes): CPU {cpu_used(cpu0, cpu1) / wall:.0%} of one core "
+               f"({per_process}); "
                f"PostgreSQL (all backends on the host): {cpu_used(pg0, pg1) / wall:.0%}; host: "
                f"{(host1[0] - host0[0]) / (host1[1] - host0[1]):.0%} busy of {os.cpu_count()} cores, "
                f"load average {load[0]:.1f} (other engineers' jobs share this host)")
@@ -469,6 +504,8 @@ def main() -> None:
                    help="put nginx with deploy/nginx.conf in front of the replicas (its CPU counts as "
                         "the server's)")
     p.add_argument("--connections", type=int, default=500, help="client connection pool size")
+    p.add_argument("--profile", type=Path, help="sample the coordinator with py-spy (pip install py-spy) "
+                                                "during the measured window; raw folded stacks to this file")
     p.add_argument("--out", type=Path, help="also write the summary to this file")
     args = p.parse_args()
     lines = asyncio.run(run(args))

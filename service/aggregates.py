@@ -19,16 +19,15 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from scipy.stats import binom
-from sqlalchemy import Row, and_, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy import Row, and_, bindparam, select
 from sqlalchemy.orm import Session, load_only
 
-from kernelfleet.service.db import is_sqlite, stored_utc
+from kernelfleet.service.db import stored_utc, upsert_insert
 from kernelfleet.service.models import ConfigStat, Result
 
 WINDOW = 32  # run medians (and same-run speedups) kept per row
@@ -71,72 +70,101 @@ def _utc(value: datetime | None) -> datetime | None:
     return None if value is None else stored_utc(value)
 
 
-def _insert(session: Session) -> Any:
-    return sqlite_insert if is_sqlite(session.get_bind().engine) else pg_insert
+def _fold(row: Any, trial: dict[str, Any], builtin: dict[str, Any] | None, result: Result,
+          when: datetime | None) -> dict[str, Any]:
+    """The new values of a stats row (``row``: its current ones) after one more run, ``trial``."""
+    workers = list(row.worker_ids)
+    if result.worker_id is not None and result.worker_id not in workers and len(workers) < MAX_WORKERS:
+        workers.append(result.worker_id)
+    first, last = _utc(row.first_seen_at), _utc(row.last_seen_at)
+    if when is not None:
+        first, last = (min(first, when) if first else when), (max(last, when) if last else when)
+    medians = [*row.medians_us, float(trial["median_us"])][-WINDOW:]
+    center, spread = robust_center(medians)
+    change: dict[str, Any] = {
+        "runs": row.runs + 1, "imported_runs": row.imported_runs + (result.worker_id is None),
+        "worker_ids": workers, "first_seen_at": first, "last_seen_at": last,
+        "last_result_id": max(row.last_result_id, result.id),
+        "medians_us": medians, "center_us": center, "spread": spread,
+    }
+    if builtin is not None:
+        speedups = [*row.speedups, _ratio_bounds(builtin, trial)][-WINDOW:]
+        mid, lo, hi = speedup_interval(speedups)
+        change.update(speedups=speedups, speedup=mid, speedup_lo=lo, speedup_hi=hi)
+    return change
+
+
+@dataclass(frozen=True)
+class _Blank:
+    """The state of a stats row before its first run."""
+
+    last_result_id: int
+    runs: int = 0
+    imported_runs: int = 0
+    worker_ids: tuple[int, ...] = ()
+    first_seen_at: datetime | None = None
+    last_seen_at: datetime | None = None
+    medians_us: tuple[float, ...] = ()
+    speedups: tuple[list[float], ...] = ()
+
+
+STATS = ConfigStat.__table__
+# one UPDATE by primary key, executed once per row (executemany): Core, not the ORM's bulk update,
+# whose per-row bookkeeping cost more than the rest of storing a result (measured: bench-load --profile)
+_UPDATE_COLUMNS = ("runs", "imported_runs", "worker_ids", "first_seen_at", "last_seen_at", "last_result_id",
+                   "medians_us", "center_us", "spread")
+_SPEEDUP_COLUMNS = ("speedups", "speedup", "speedup_lo", "speedup_hi")
+
+
+def _update_statement(with_speedups: bool) -> Any:
+    columns = (*_UPDATE_COLUMNS, *(_SPEEDUP_COLUMNS if with_speedups else ()))
+    return (STATS.update().where(STATS.c.id == bindparam("row_id"))
+            .values({c: bindparam(c) for c in columns}))
+
+
+_UPDATES = {flag: _update_statement(flag) for flag in (True, False)}
 
 
 def record(session: Session, result: Result, trials: Sequence[dict[str, Any]],
            measured_at: datetime | None) -> int:
     """Fold one stored result's correct trials into ``config_stats``; returns the rows touched.
 
-    Runs inside the caller's transaction. New rows are inserted with ``ON CONFLICT DO NOTHING`` and
-    then every row of the result is read ``FOR UPDATE`` in key order, so two results of the same
-    series arriving at once (PostgreSQL) update one after the other and never lose a run.
+    Runs inside the caller's transaction. Rows new to the series are inserted complete (``ON
+    CONFLICT DO NOTHING``, one executemany); then the rows that already existed (those this result
+    did not write: ``last_result_id`` is another's) are read ``FOR UPDATE`` in key order and
+    updated, so two results of the same series arriving at once (PostgreSQL) update one after the
+    other and never lose a run: the insert that meets the other's row waits for its transaction,
+    then updates it.
     """
-    ok = [t for t in trials if t["status"] == "ok" and t.get("median_us") and t["median_us"] > 0]
+    ok = sorted((t for t in trials if t["status"] == "ok" and t.get("median_us") and t["median_us"] > 0),
+                key=lambda t: t["config_key"])
     if not ok:
         return 0
     series = {c: getattr(result, c) for c in SERIES_COLUMNS}
-    keys = sorted(t["config_key"] for t in ok)
     when = _utc(measured_at or result.created_at)
-    blank = {"runs": 0, "imported_runs": 0, "worker_ids": [], "medians_us": [], "speedups": [],
-             "center_us": 0.0, "spread": 0.0, "last_result_id": result.id}
-    insert = _insert(session)
+    builtin = next((t for t in ok if t.get("is_builtin")), None)
+    blank = _Blank(last_result_id=result.id)
+    # no RETURNING: an executemany of one small statement (psycopg parses it once); RETURNING
+    # would make it one statement of every row's values, parsed anew for each result
     session.execute(
-        insert(ConfigStat).on_conflict_do_nothing(index_elements=[*SERIES_COLUMNS, "config_key"]),
-        [{**series, **blank, "config_key": t["config_key"], "config": t["config"],
-          "is_builtin": bool(t.get("is_builtin"))} for t in sorted(ok, key=lambda t: t["config_key"])],
-    )
+        upsert_insert(session)(STATS).on_conflict_do_nothing(index_elements=[*SERIES_COLUMNS, "config_key"]),
+        [{**series, "config_key": t["config_key"], "config": t["config"],
+          "is_builtin": bool(t.get("is_builtin")), "speedups": [], **_fold(blank, t, builtin, result, when)}
+         for t in ok])
+    by_key = {t["config_key"]: t for t in ok}
     rows = session.execute(
         select(ConfigStat.id, ConfigStat.config_key, ConfigStat.runs, ConfigStat.imported_runs,
                ConfigStat.worker_ids, ConfigStat.first_seen_at, ConfigStat.last_seen_at,
                ConfigStat.last_result_id, ConfigStat.medians_us, ConfigStat.speedups)
         .where(and_(*(getattr(ConfigStat, c) == v for c, v in series.items())),
-               ConfigStat.config_key.in_(keys))
+               ConfigStat.config_key.in_(list(by_key)), ConfigStat.last_result_id != result.id)
         .order_by(ConfigStat.config_key)
         .with_for_update()
     ).all()
-    by_key = {t["config_key"]: t for t in ok}
-    builtin = next((t for t in ok if t.get("is_builtin")), None)
-    updates: list[dict[str, Any]] = []
-    for row in rows:
-        trial = by_key[row.config_key]
-        workers = list(row.worker_ids)
-        if result.worker_id is not None and result.worker_id not in workers and len(workers) < MAX_WORKERS:
-            workers.append(result.worker_id)
-        first, last = _utc(row.first_seen_at), _utc(row.last_seen_at)
-        if when is not None:
-            first, last = (min(first, when) if first else when), (max(last, when) if last else when)
-        medians = [*row.medians_us, float(trial["median_us"])][-WINDOW:]
-        center, spread = robust_center(medians)
-        change: dict[str, Any] = {
-            "id": row.id, "runs": row.runs + 1,
-            "imported_runs": row.imported_runs + (result.worker_id is None),
-            "worker_ids": workers, "first_seen_at": first, "last_seen_at": last,
-            "last_result_id": max(row.last_result_id, result.id),
-            "medians_us": medians, "center_us": center, "spread": spread,
-        }
-        if builtin is not None:
-            speedups = [*row.speedups, _ratio_bounds(builtin, trial)][-WINDOW:]
-            mid, lo, hi = speedup_interval(speedups)
-            change.update(speedups=speedups, speedup=mid, speedup_lo=lo, speedup_hi=hi)
-        updates.append(change)
-    # one executemany per set of columns (two at most: with and without a built-in in this run)
-    for with_builtin in (True, False):
-        batch = [u for u in updates if ("speedups" in u) == with_builtin]
-        if batch:
-            session.execute(update(ConfigStat), batch)
-    return len(updates)
+    updates = [{"row_id": r.id, **_fold(r, by_key[r.config_key], builtin, result, when)} for r in rows]
+    if updates:
+        session.execute(_UPDATES[builtin is not None], updates)
+    return len(ok)
 
 
 # what a profile build reads of a stats row: not the bounded windows (for the incremental update only)

@@ -68,10 +68,10 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         # sync routes run on anyio's default thread limiter: one thread per pool connection, so no
         # thread waits for a connection (a session never waits for a second thread: see deps.py)
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.threads()
-        tasks = [
-            asyncio.create_task(run_reaper(session_factory, settings), name="kernelfleet-reaper"),
-            asyncio.create_task(run_background(session_factory, settings), name="kernelfleet-background"),
-        ]
+        tasks = [asyncio.create_task(run_reaper(session_factory, settings), name="kernelfleet-reaper")]
+        if settings.background_in_server:  # else `kernelfleet serve` runs it in a process of its own
+            tasks.append(asyncio.create_task(run_background(session_factory, settings),
+                                             name="kernelfleet-background"))
         try:
             yield
         finally:
@@ -114,7 +114,9 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 def app_from_env() -> FastAPI:
     """The app factory for ``uvicorn --factory`` and ``kernelfleet serve --workers N``: settings from
     the ``KERNELFLEET_*`` environment."""
-    from kernelfleet.service.serve_checks import quiet_idle_polls
+    from kernelfleet.service.serve_checks import freeze_start_up_objects, quiet_idle_polls
 
     quiet_idle_polls()  # each server process: idle lease polls stay out of the access log
-    return create_app(Settings())
+    app = create_app(Settings())
+    freeze_start_up_objects()
+    return app

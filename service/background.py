@@ -1,23 +1,35 @@
-"""The background loop of every coordinator process: reactions to new results, then profiles, then
-the campaign sweep; beside it, the alerts loop.
+"""The background loop: reactions to new results, then profiles, then the campaign sweep; beside it,
+the alerts loop and the regression-scan loop.
 
-Requests only queue work (``result_events``, ``profile_requests``); this loop does it, every
+``kernelfleet serve`` runs it in one process of its own beside the server process(es)
+(:func:`start_process`), so profile builds and regression detection never compete with requests
+for the server's interpreter lock; an app made by ``create_app`` with
+:attr:`Settings.background_in_server` (the default, e.g. in tests) runs it in its lifespan instead.
+
+Requests only queue work (``result_events``, ``profile_requests``, ``regression_scans``); this loop
+does it, every
 :attr:`Settings.background_interval_seconds`, each step under its own locks so that several
 processes and replicas share it without doubling it (:mod:`kernelfleet.service.reactions`,
 :mod:`kernelfleet.service.profile_builder`, :mod:`kernelfleet.service.campaign_control`). Webhook
-alerts (:mod:`kernelfleet.service.notifications`) run in a loop of their own at the same interval,
-so a slow receiver never delays reactions or profiles.
+alerts (:mod:`kernelfleet.service.notifications`) and queued change-point scans
+(:mod:`kernelfleet.service.regression_scans`) run in loops of their own at the same interval, so a
+slow receiver or a long scan never delays reactions or profiles.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
+import os
+import signal
 from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+from multiprocessing.synchronize import Event
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from kernelfleet.service import campaign_control, notifications, profile_builder, reactions
+from kernelfleet.service import campaign_control, notifications, profile_builder, reactions, regression_scans
 from kernelfleet.service.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -42,4 +54,60 @@ async def _loop(name: str, step: Callable[[sessionmaker[Session], Settings], obj
 async def run_background(factory: sessionmaker[Session], settings: Settings) -> None:
     """Loop for ever; a failed pass is logged and retried on the next one."""
     await asyncio.gather(_loop("background", run_once, factory, settings),
-                         _loop("alerts", notifications.run_pending, factory, settings))
+                         _loop("alerts", notifications.run_pending, factory, settings),
+                         _loop("regression scan", regression_scans.run_pending, factory, settings))
+
+
+def _process_main(settings: Settings, parent: int, log_level: str, ready: Event) -> None:
+    """The background process: the loops, until the process that started it is gone."""
+    from kernelfleet.service.db import make_engine, make_sessionmaker
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server stops us
+    if settings.background_nice and hasattr(os, "nice"):  # requests first when the host's cores are busy
+        os.nice(settings.background_nice)
+    level = getattr(logging, log_level.upper(), logging.DEBUG)  # uvicorn's levels ('trace' is below debug)
+    logging.basicConfig(level=level, format="%(levelname)s:     [background] %(name)s: %(message)s")
+    # three loops, each a lock-holding session plus the session a hook, build or scan opens beside it
+    engine = make_engine(settings.database_url, pool_size=6, max_overflow=2,
+                         pool_timeout=settings.db_pool_timeout_seconds)
+    factory = make_sessionmaker(engine)
+
+    async def main() -> None:
+        work = asyncio.create_task(run_background(factory, settings))
+        ready.set()
+        while os.getppid() == parent:  # the server went away without stopping us (SIGKILL): stop too
+            await asyncio.sleep(1.0)
+        work.cancel()
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.dispose()
+
+
+def start_process(settings: Settings, log_level: str = "warning") -> BaseProcess:
+    """Start the background loop in a process of its own (``kernelfleet serve``); stop it with
+    :func:`stop_process`. Its locks are those of the in-process loop, so several replicas (each with
+    its own background process) still share the work without doubling it. Returns once the loop
+    runs (a fresh interpreter imports the coordinator first: a second or two), so background work
+    queued by the first requests is picked up as promptly as by an in-process loop."""
+    context = multiprocessing.get_context("spawn")  # never fork a process holding pooled connections
+    ready = context.Event()
+    process = context.Process(target=_process_main, args=(settings, os.getpid(), log_level, ready),
+                              name="kernelfleet-background", daemon=True)
+    process.start()
+    while not ready.wait(0.1):
+        if not process.is_alive():
+            raise RuntimeError(f"the background process exited at start (code {process.exitcode}): "
+                               f"see its log above")
+    return process
+
+
+def stop_process(process: BaseProcess, timeout: float = 10.0) -> None:
+    """Stop the background process: what it was doing stays queued (or committed) for the next pass."""
+    if process.is_alive():
+        process.terminate()
+        process.join(timeout)
+    if process.is_alive():
+        process.kill()
+        process.join()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Annotated
@@ -16,7 +18,12 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from kernelfleet.service import admin_cli, import_cli
 from kernelfleet.service.local_worker import LocalWorker
-from kernelfleet.service.serve_checks import PortInUse, check_port_free, quiet_idle_polls
+from kernelfleet.service.serve_checks import (
+    PortInUse,
+    check_port_free,
+    freeze_start_up_objects,
+    quiet_idle_polls,
+)
 from kernelfleet.service.settings import Settings
 
 err = Console(stderr=True, soft_wrap=True)
@@ -57,6 +64,23 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+@contextlib.contextmanager
+def _background_process(settings: Settings, log_level: str) -> Iterator[None]:
+    """The background loop (reactions, profiles, campaign sweep, alerts) in one process of its own
+    beside the server process(es), which then only serve requests (and reap)."""
+    from kernelfleet.service import background
+
+    try:
+        process = background.start_process(settings, log_level)
+    except RuntimeError as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(1) from None
+    try:
+        yield
+    finally:  # also when uvicorn re-raises SIGTERM the process sees us gone and stops by itself
+        background.stop_process(process)
+
+
 def serve(
     host: Annotated[str | None, typer.Option(help="Address to bind "
                                              "(default KERNELFLEET_HOST or 127.0.0.1)")] = None,
@@ -69,8 +93,8 @@ def serve(
                                                "machine, enrolled automatically")] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
     workers: Annotated[int, typer.Option(
-        "--workers", min=1, help="Server processes on this port (uvicorn workers). Periodic work runs in one "
-                                 "process at a time: see docs/production.md")] = 1,
+        "--workers", min=1, help="Server processes on this port (uvicorn workers); serve also starts one "
+                                 "background process for queued and periodic work (docs/production.md)")] = 1,
 ) -> None:
     """Run the coordinator (API under /api/v1, docs under /docs, health at /healthz, metrics at /metrics)."""
     from kernelfleet.service.app import create_app
@@ -78,6 +102,7 @@ def serve(
     from kernelfleet.service.migrate import SchemaNotCurrent
 
     settings = _settings(host=host, port=port, database_url=database_url, public_url=public_url)
+    settings.background_in_server = False  # _background_process runs it
     if workers > 1 and local_worker:
         err.print("[bold red]error:[/] --local-worker runs in the server process: use it with --workers 1")
         raise typer.Exit(2)
@@ -105,7 +130,8 @@ def serve(
         err.print("[yellow]warning:[/] no KERNELFLEET_ADMIN_TOKEN is set: admin routes refuse every request")
     if workers > 1:
         app.state.engine.dispose()  # built only to check the database; each process builds its own
-        _serve_processes(settings, workers, log_level)
+        with _background_process(settings, log_level):
+            _serve_processes(settings, workers, log_level)
         return
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                             proxy_headers=True, timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE)
@@ -115,12 +141,14 @@ def serve(
         worker = LocalWorker(app.state.session_factory, settings.local_url,
                              settings.resolved_data_dir())
     server = _Server(config, worker)
+    freeze_start_up_objects()
     if worker is not None:
         worker.start()
     out.print(f"KernelFleet dashboard at {settings.resolved_public_url}/ (API {settings.resolved_public_url}"
               f"/api/v1, docs /docs); Ctrl-C stops it", highlight=False, soft_wrap=True)
     try:
-        server.run()
+        with _background_process(settings, log_level):
+            server.run()
     finally:
         if worker is not None:
             worker.stop()
@@ -132,6 +160,7 @@ def _serve_processes(settings: Settings, workers: int, log_level: str) -> None:
     """``workers`` uvicorn processes on one socket; each builds its app from the environment
     (:func:`kernelfleet.service.app.app_from_env`), so this process passes its settings on there."""
     os.environ["KERNELFLEET_DATABASE_URL"] = settings.database_url
+    os.environ["KERNELFLEET_BACKGROUND_IN_SERVER"] = "false"  # serve's background process runs it
     if settings.admin_token:
         os.environ["KERNELFLEET_ADMIN_TOKEN"] = settings.admin_token
     if settings.public_url:

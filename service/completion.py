@@ -79,7 +79,7 @@ def _complete(session: Session, worker: Worker, job_id: int, token: str, report:
     if done is None:  # the reaper requeued it between our read and this write (PostgreSQL)
         raise explain_stale(session, job_id, token)
     result = store_report(session, report, source="lease", job_id=job_id, worker_id=worker.id,
-                          lease_token=digest(token))
+                          lease_token=digest(token), payload_digest=payload)
     response = {"result_id": result.id, "job_id": job_id, "state": "done"}
     result.response = response
     return Completion(response=response, created=True)

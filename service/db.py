@@ -81,6 +81,14 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     return create_engine(url, **kwargs)
 
 
+def upsert_insert(session: Session) -> Any:
+    """The dialect's ``insert`` (with ``on_conflict_do_nothing``) for the session's database."""
+    from sqlalchemy.dialects.postgresql import insert as pg_insert
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return sqlite_insert if is_sqlite(session.get_bind().engine) else pg_insert
+
+
 def stored_utc(value: datetime) -> datetime:
     """A time read back from the database as an aware UTC datetime: SQLite returns naive ones, and
     every stored time is UTC."""

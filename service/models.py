@@ -379,6 +379,31 @@ class ProfileBuild(Base):
     versions: Mapped[dict[str, Any]] = mapped_column(JSON)  # {mlx_version or "": version}
 
 
+class RegressionScan(Base):
+    """One change-point scan asked for through ``POST /regressions/scan``: queued by the request, run
+    by the background loop (:mod:`kernelfleet.service.regression_scans`). At most one is queued at a
+    time (the partial unique index): a request while one is queued joins it."""
+
+    __tablename__ = "regression_scans"
+    __table_args__ = (
+        Index("uq_regression_scans_queued", "status", unique=True,
+              postgresql_where=text("status = 'queued'"), sqlite_where=text("status = 'queued'")),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    status: Mapped[str] = mapped_column(String(16))  # queued, running, done, failed
+    requested_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    requests: Mapped[int] = mapped_column(Integer, default=1)  # the requests it answers (coalesced)
+    started_at: Mapped[datetime | None] = mapped_column(TZ)
+    finished_at: Mapped[datetime | None] = mapped_column(TZ)
+    runner: Mapped[str | None] = mapped_column(String(128))  # host:pid of the process that ran it
+    series: Mapped[int | None] = mapped_column(Integer)
+    findings: Mapped[int | None] = mapped_column(Integer)
+    created: Mapped[list[Any] | None] = mapped_column(JSON)  # regression ids it created
+    moved: Mapped[list[Any] | None] = mapped_column(JSON)  # open regressions it re-placed
+    error: Mapped[str | None] = mapped_column(Text)
+
+
 class Calibration(Base):
     """Prediction confidence calibrated on held-out data, per backend: bins of raw scores and the
     observed rate at which predictions in each bin landed within 5 % of the tuned best."""

@@ -29,8 +29,10 @@ def store_report(
     worker_id: int | None = None,
     lease_token: str | None = None,
     response: dict[str, Any] | None = None,
+    payload_digest: str | None = None,
 ) -> Result:
-    """Insert one validated report (result + trials) and return the flushed ``Result`` row."""
+    """Insert one validated report (result + trials) and return the flushed ``Result`` row.
+    ``payload_digest``: the report's :meth:`~TuningReport.digest` when the caller has it already."""
     ok = [t for t in report.trials if t.status == "ok"]
     best = next((t for t in ok if t.config_key == report.best_config_key), None)
     builtin = next((t for t in ok if t.is_builtin), None)
@@ -39,7 +41,7 @@ def store_report(
         job_id=job_id,
         worker_id=worker_id,
         lease_token=lease_token,
-        payload_digest=report.digest(),
+        payload_digest=payload_digest or report.digest(),
         response=response or {},
         source=source,
         kernel=report.kernel,
@@ -82,7 +84,7 @@ def store_report(
         }
         for t in report.trials
     ]
-    session.execute(insert(Trial), rows)
+    session.execute(insert(Trial.__table__), rows)  # Core executemany: no ORM bookkeeping per trial
     aggregates.record(session, result, [{**r, "status": r["status"].value} for r in rows],
                       report.measured_at)
     session.add_all([ProfileRequest(chip=env.chip), ResultEvent(result_id=result.id)])

@@ -55,7 +55,7 @@ class Settings(BaseSettings):
     db_max_overflow: int = 5
     db_pool_timeout_seconds: float = 30.0
     threadpool_size: int | None = None
-    # of those threads, at most this many store results at once (a real report costs ~100 ms of CPU):
+    # of those threads, at most this many store results at once (a real 19 KB report costs ~10 ms of CPU):
     # the rest keep serving heartbeats and leases while results queue
     result_concurrency: int = 4
     # request limits
@@ -64,6 +64,12 @@ class Settings(BaseSettings):
     dashboard_public: bool = True
     # background work (service/background.py): result reactions, then profile building
     background_interval_seconds: float = 0.5
+    # run that loop in each server process (an app built by create_app, e.g. in tests); `kernelfleet
+    # serve` turns it off there and runs the loop in one background process of its own
+    background_in_server: bool = True
+    # that background process's niceness (added to serve's): when the host's cores are all busy, the
+    # server processes (requests) get the CPU first; queued work coalesces and catches up after
+    background_nice: int = Field(default=10, ge=0, le=19)
     profile_build_delay_seconds: float = 0.0  # testing: make every build this much slower
     # a chip's profile is rebuilt at most this often: a busy chip's results coalesce into one build
     # per interval instead of back-to-back builds (each is O(the backend's stats rows))

@@ -13,10 +13,9 @@ import fnmatch
 import json
 
 from sqlalchemy import select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from kernelfleet.service.db import is_sqlite
+from kernelfleet.service.db import upsert_insert
 from kernelfleet.service.models import Backend, JobTarget
 
 
@@ -32,8 +31,8 @@ def target_key(backend: Backend | None, chip: str | None) -> str:
 def target_id(session: Session, backend: Backend | None, chip: str | None) -> int:
     """The id of the target ``(backend, chip)``, created if new (safe against concurrent creators)."""
     key = target_key(backend, chip)
-    dialect = sqlite if is_sqlite(session.get_bind().engine) else postgresql
-    session.execute(dialect.insert(JobTarget).values(key=key, target_backend=backend, target_chip=chip)
+    session.execute(upsert_insert(session)(JobTarget)
+                    .values(key=key, target_backend=backend, target_chip=chip)
                     .on_conflict_do_nothing(index_elements=["key"]))
     found = session.scalar(select(JobTarget.id).where(JobTarget.key == key))
     assert found is not None  # inserted above or by a concurrent transaction that committed

@@ -1,18 +1,21 @@
 """Regressions: ``GET /regressions`` and ``GET /regressions/{id}`` (public-read per settings),
-``POST /regressions/{id}/acknowledge`` and ``POST /regressions/scan`` (admin)."""
+``POST /regressions/{id}/acknowledge`` and ``POST /regressions/scan`` (admin: queues a change-point
+scan for the background loop, answered 202; ``GET /regressions/scans/{id}`` follows it)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, status
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func, select
 
+from kernelfleet.service import regression_scans
 from kernelfleet.service.campaign_control import cancel_confirmations
-from kernelfleet.service.deps import AdminDep, DashboardDep, DbDep, SettingsDep
+from kernelfleet.service.db import immediate
+from kernelfleet.service.deps import AdminDep, DashboardDep, DbDep
 from kernelfleet.service.errors import NotFound
-from kernelfleet.service.models import Regression, RegressionStatus
+from kernelfleet.service.models import Regression, RegressionScan, RegressionStatus
 from kernelfleet.service.openapi import error_responses
 from kernelfleet.service.params import Offset, RowId
 from kernelfleet.service.regressions import engine
@@ -65,10 +68,31 @@ class AcknowledgeOut(BaseModel):
 
 
 class ScanOut(BaseModel):
-    series: int
-    findings: int
-    created: list[int]
-    moved: list[int] = []  # open regressions moved to the run pair the scan found around their change
+    """A change-point scan: queued by ``POST /regressions/scan``, run by the background loop."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    status: Literal["queued", "running", "done", "failed"]
+    requests: int = Field(description="the scan requests it answers (requests while it was queued join it)")
+    requested_at: UtcTime
+    started_at: OptUtcTime
+    finished_at: OptUtcTime
+    series: int | None = Field(None, description="series scanned (once done)")
+    findings: int | None = None
+    created: list[int] | None = Field(None, description="regressions it created (once done)")
+    moved: list[int] | None = Field(
+        None, description="open regressions it moved to the run pair it found around their change")
+    error: str | None = None
+    url: str = Field("", description="where to follow it: GET this until status is done or failed")
+
+
+class ScanQueuedOut(ScanOut):
+    joined: bool = Field(description="true when a scan was queued already and this request joined it")
+
+
+def _scan_out(row: RegressionScan) -> ScanOut:
+    return ScanOut.model_validate(row).model_copy(update={"url": f"/api/v1/regressions/scans/{row.id}"})
 
 
 def _out(row: Regression, group_size: int) -> RegressionOut:
@@ -140,10 +164,21 @@ def acknowledge(
         return AcknowledgeOut(acknowledged=ids, cancelled_jobs=cancel_confirmations(session, ids))
 
 
-@router.post("/regressions/scan")
-def scan(_: AdminDep, factory: DbDep, settings: SettingsDep) -> ScanOut:
-    """Run the offline change-point pass over every series now."""
-    report = engine.scan(factory, settings)
-    return ScanOut(
-        series=report.series, findings=report.findings, created=report.created, moved=report.moved
-    )
+@router.post("/regressions/scan", status_code=status.HTTP_202_ACCEPTED)
+def scan(_: AdminDep, db: DbDep) -> ScanQueuedOut:
+    """Queue the offline change-point pass over every series; the background loop runs it (one scan
+    at a time across processes and replicas). A request while a scan is queued joins that one.
+    Follow ``url`` (``GET /regressions/scans/{id}``) for its status and, once done, what it found."""
+    with db() as session, immediate(session):
+        row, joined = regression_scans.enqueue(session)
+        return ScanQueuedOut(**_scan_out(row).model_dump(), joined=joined)
+
+
+@router.get("/regressions/scans/{scan_id}")
+def get_scan(scan_id: RowId, _: DashboardDep, db: DbDep) -> ScanOut:
+    """A queued, running or finished change-point scan."""
+    with db() as session:
+        row = session.get(RegressionScan, scan_id)
+        if row is None:
+            raise NotFound(f"no regression scan {scan_id}; queue one with POST /api/v1/regressions/scan")
+        return _scan_out(row)

@@ -108,7 +108,7 @@ def import_results(body: ImportIn, _: AdminDep, db: DbDep) -> ImportOut:
         ids: list[int] = []
         for report, digest in zip(body.reports, digests, strict=True):
             if digest not in known:
-                row = store_report(session, report, source="import")
+                row = store_report(session, report, source="import", payload_digest=digest)
                 row.response = {"result_id": row.id, "imported": True}
                 known[digest] = row.id
                 new.append(row.id)

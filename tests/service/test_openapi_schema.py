@@ -18,7 +18,7 @@ def test_openapi_declares_string_details_error_statuses_and_bearer_auth(coordina
         "type": "http", "scheme": "bearer", "description": "the admin token or a worker's token"}
     ops = {(method.upper(), path): op
            for path, item in schema["paths"].items() for method, op in item.items()}
-    assert len(ops) == 29
+    assert len(ops) == 30
     results = ops[("GET", "/api/v1/results")]["responses"]["200"]["content"]
     assert {"application/json", "text/csv"} <= set(results)
     assert "409" in ops[("POST", "/api/v1/campaigns/{campaign_id}/retry")]["responses"]
@@ -33,6 +33,8 @@ def test_openapi_declares_string_details_error_statuses_and_bearer_auth(coordina
     assert admin_only["security"] == [{"HTTPBearer": []}]
     assert {"401", "404", "409"} <= set(ops[("POST", "/api/v1/jobs/{job_id}/result")]["responses"])
     assert "403" not in ops[("POST", "/api/v1/leases")]["responses"]  # worker routes never say 403
+    assert "202" in ops[("POST", "/api/v1/regressions/scan")]["responses"]  # queued, not run in the request
+    assert "404" in ops[("GET", "/api/v1/regressions/scans/{scan_id}")]["responses"]
     public_read = ops[("GET", "/api/v1/profiles/{chip}")]
     assert public_read["security"] == [{}, {"HTTPBearer": []}]  # the dashboard is public by default
     assert "304" in public_read["responses"] and "404" in public_read["responses"]

@@ -5,6 +5,7 @@ the lease flow), a slower run -> a confirm job and a ``confirming`` regression, 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -118,6 +119,25 @@ def regressions(coordinator: Any, **params: str) -> list[dict[str, Any]]:
     return r.json()  # type: ignore[no-any-return]
 
 
+def scan(coordinator: Any, timeout: float = 60.0) -> dict[str, Any]:
+    """Ask for a change-point scan (queued: 202) and follow it until the background loop finished it."""
+    coordinator.settle()  # the scan sees every stored result's online verdict first, as a user's would
+    with coordinator.admin() as admin:
+        queued = admin.post("/regressions/scan")
+        assert queued.status_code == 202, queued.text
+        body = queued.json()
+        assert body["status"] == "queued" and body["url"] == f"/api/v1/regressions/scans/{body['id']}"
+        deadline = time.monotonic() + timeout
+        while body["status"] in ("queued", "running"):
+            assert time.monotonic() < deadline, f"scan still {body['status']} after {timeout} s"
+            time.sleep(0.1)
+            r = admin.get(f"/regressions/scans/{body['id']}")
+            assert r.status_code == 200, r.text
+            body = r.json()
+    assert body["status"] == "done", body
+    return body  # type: ignore[no-any-return]
+
+
 def test_slower_run_is_confirmed_then_acknowledged(coordinator: Any) -> None:
     rng = np.random.default_rng(1)
     shape = "4096x4096"
@@ -222,17 +242,15 @@ def test_scan_finds_gradual_drift(coordinator: Any) -> None:
 
     with coordinator.client() as anon:
         assert anon.post("/regressions/scan").status_code == 401
-    with coordinator.admin() as admin:
-        r = admin.post("/regressions/scan")
-    assert r.status_code == 200, r.text
-    body = r.json()
-    assert body["series"] == 1 and len(body["created"]) == 1
+    body = scan(coordinator)
+    assert body["series"] == 1 and len(body["created"]) == 1 and body["finished_at"] >= body["started_at"]
     [reg] = regressions(coordinator)
     assert reg["detector"] == "changepoint" and reg["status"] == "open" and reg["effect"] >= 0.03
     # a second scan finds the same change and creates nothing new
-    with coordinator.admin() as admin:
-        assert admin.post("/regressions/scan").json()["created"] == []
+    assert scan(coordinator)["created"] == []
     with coordinator.client() as anon:
+        missing_scan = anon.get("/regressions/scans/424242")
+        assert missing_scan.status_code == 404 and "no regression scan" in missing_scan.json()["detail"]
         assert anon.get(f"/regressions/{reg['id']}").json()["id"] == reg["id"]
         missing = anon.get("/regressions/424242")
         assert missing.status_code == 404 and "no regression" in missing.json()["detail"]

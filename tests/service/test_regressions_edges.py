@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from test_regressions_api import enroll, make_report, regressions, run_leased_job
+from test_regressions_api import enroll, make_report, regressions, run_leased_job, scan
 
 SHAPE = "4096x4096"
 
@@ -98,9 +98,7 @@ def test_suspect_on_the_newest_run_survives_until_its_confirmation(coordinator: 
     assert reg["status"] == "confirming"
     # runs stored while it waits and a scan leave it alone: no second suspect, no scan alert
     post_reports(coordinator, [make_report(SHAPE, 52.8, rng=rng, mlx="0.32.4")])
-    with coordinator.admin() as admin:
-        r = admin.post("/regressions/scan")
-    assert r.status_code == 200 and r.json()["created"] == []
+    assert scan(coordinator)["created"] == []
     [still] = regressions(coordinator)
     assert still["id"] == reg["id"] and still["status"] == "confirming"
 
