@@ -185,8 +185,8 @@ def _fits(D: int, dtype: str) -> bool:
 
 
 def check_row(D: int, dtype: str) -> None:
-    """Whether some configuration fits a row of ``D`` (cached: it enumerates the space, ~0.5 ms, and
-    :func:`kernelfleet.patch` checks each call shape once)."""
+    """Raise :class:`BadShape` unless some configuration fits a row of ``D`` (cached: the check
+    enumerates the space, ~0.5 ms, and :func:`kernelfleet.patch` checks each call shape once)."""
     if not _fits(D, dtype):
         raise BadShape(f"row length {D} is too long or too short for the row kernels (32 <= D <= 32768)")
 
