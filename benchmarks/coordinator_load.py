@@ -164,9 +164,12 @@ def process_shares(before: dict[int, float], after: dict[int, float], wall: floa
     for pid, t in after.items():
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
         except OSError:
-            cmdline = b""
-        name = ("background" if b"multiprocessing.spawn" in cmdline else
+            cmdline, comm = b"", ""
+        # serve's background process names itself (service/background.py); uvicorn's worker
+        # processes (serve --workers N) are spawned by multiprocessing too
+        name = ("background" if comm == "kf-background" else
                 "multiprocessing tracker" if b"resource_tracker" in cmdline else
                 "nginx" if b"nginx" in cmdline else "server")
         shares[name] += (t - before.get(pid, 0.0)) / wall

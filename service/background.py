@@ -19,6 +19,7 @@ slow receiver or a long scan never delays reactions or profiles.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -26,6 +27,7 @@ import signal
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event
+from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -33,6 +35,7 @@ from kernelfleet.service import campaign_control, notifications, profile_builder
 from kernelfleet.service.settings import Settings
 
 logger = logging.getLogger(__name__)
+PROCESS_NAME = "kf-background"  # the background process's name (/proc/PID/comm), at most 15 bytes
 
 
 def run_once(factory: sessionmaker[Session], settings: Settings) -> None:
@@ -63,6 +66,8 @@ def _process_main(settings: Settings, parent: int, log_level: str, ready: Event)
     from kernelfleet.service.db import make_engine, make_sessionmaker
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server stops us
+    with contextlib.suppress(OSError):  # Linux: `ps`, `top` and bench-load tell it from server processes
+        Path("/proc/self/comm").write_text(PROCESS_NAME)
     if settings.background_nice and hasattr(os, "nice"):  # requests first when the host's cores are busy
         os.nice(settings.background_nice)
     level = getattr(logging, log_level.upper(), logging.DEBUG)  # uvicorn's levels ('trace' is below debug)

@@ -177,6 +177,26 @@ def _processes_mentioning(text: str) -> list[int]:
     return pids
 
 
+def _status(pid: int | str) -> dict[str, str]:
+    """/proc/PID/status as fields ({} once the process is gone)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    return {k: v.strip() for k, v in (line.split(":\t", 1) for line in lines if ":\t" in line)}
+
+
+def _alive_named(pid: int | str, name: str) -> bool:
+    fields = _status(pid)
+    return fields.get("Name") == name and not fields.get("State", "").startswith("Z")
+
+
+def _children_named(parent: int, name: str) -> list[int]:
+    """Live child processes of ``parent`` whose name (/proc/PID/comm) is ``name``."""
+    return [int(p.name) for p in Path("/proc").glob("[0-9]*")
+            if _alive_named(p.name, name) and _status(p.name).get("PPid") == str(parent)]
+
+
 def _stop_server_only(proc: subprocess.Popen[str]) -> str:
     """SIGTERM to the coordinator alone (as `kill PID` would), not to its process group."""
     proc.send_signal(signal.SIGTERM)
@@ -195,6 +215,9 @@ def test_local_worker_is_started_and_stopped_with_the_server(tmp_path: Path) -> 
             workers = httpx.get(url + "/api/v1/workers", headers={"Authorization": f"Bearer {token}"}).json()
             time.sleep(0.2)
         assert len(workers) == 1, "the local worker enrolled itself"
+        # serve runs the background loop in one process of its own, named so `ps` and bench-load tell it
+        background = _children_named(proc.pid, "kf-background")
+        assert len(background) == 1
         pids = _processes_mentioning(str(tmp_path / "local-worker"))
         assert pids
         for pid in pids:  # the enrollment token travels in the environment, not on the command line (ps)
@@ -207,6 +230,7 @@ def test_local_worker_is_started_and_stopped_with_the_server(tmp_path: Path) -> 
     while _processes_mentioning(str(tmp_path / "local-worker")) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _processes_mentioning(str(tmp_path / "local-worker")), "SIGTERM to serve stops its worker"
+    assert not _alive_named(background[0], "kf-background"), "... and its background process"
     # a second start reuses the worker's stored token instead of enrolling again
     proc, url = _serve(tmp_path, "--local-worker")
     try:
