@@ -48,6 +48,7 @@ def test_a_slow_build_holds_up_no_request(coordinator_factory: Any) -> None:
         assert admin.post("/results/import", json={"reports": [make_report()]}).status_code == 201
     time.sleep(1.0)
     slowest = 0.0
+    posted: list[tuple[datetime, datetime]] = []  # each result request's span: stored within it
     with coordinator.client(token) as c:
         for _ in range(jobs):
             t = time.monotonic()
@@ -56,20 +57,23 @@ def test_a_slow_build_holds_up_no_request(coordinator_factory: Any) -> None:
             hb = c.post(f"/jobs/{got['job_id']}/heartbeat", json={"lease_token": got["lease_token"]})
             assert hb.status_code == 200, hb.text
             report = make_report(kernel=got["kernel"], shape=got["shape"], dtype=got["dtype"])
+            sent = datetime.now(UTC)
             r = c.post(f"/jobs/{got['job_id']}/result",
                        json={"lease_token": got["lease_token"], "report": report})
+            posted.append((sent, datetime.now(UTC)))
             assert r.status_code == 201, r.text
             slowest = max(slowest, time.monotonic() - t)
     # each lease + heartbeat + result round took far less than one build: none waited for a build
     assert slowest < delay / 2, f"a lease/heartbeat/result round took {slowest:.1f} s"
     _wait_idle(coordinator)
     builds = _rows(coordinator, select(ProfileBuild.started_at, ProfileBuild.finished_at))
-    leased = select(Result.created_at).where(Result.source == "lease")
-    stored = [_utc(t) for (t,) in _rows(coordinator, leased)]
+    assert len(_rows(coordinator, select(Result.id).where(Result.source == "lease"))) == jobs
     assert all((_utc(f) - _utc(s)).total_seconds() >= delay - 0.5 for s, f in builds)
-    # and results were stored while a build was running (they did not queue behind it)
-    during = [t for t in stored if any(_utc(s) < t < _utc(f) for s, f in builds)]
-    assert during, f"no result stored during a build: builds {builds}, results {stored}"
+    # and results were stored while a build was running (they did not queue behind it): requests
+    # that began and ended inside a build (timed here, on the database's host clock: a result's
+    # created_at on SQLite has whole seconds only)
+    during = [p for p in posted if any(_utc(s) < p[0] and p[1] < _utc(f) for s, f in builds)]
+    assert during, f"no result stored during a build: builds {builds}, result requests {posted}"
     # the results of those 6 jobs were coalesced into fewer builds than results
     assert len(builds) < jobs + 1
 
