@@ -17,6 +17,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
+from kernelfleet.service.db import is_sqlite
+
 LOCK_CLASS = 0x6B66  # first key of KernelFleet's PostgreSQL advisory locks ("kf")
 
 
@@ -44,3 +46,18 @@ def file_lock(session: Session, name: str) -> Iterator[bool]:
             yield True
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def background_lock(session: Session, name: str) -> Iterator[bool]:
+    """The lock ``name`` for one pass of background work; yields whether this process holds it.
+
+    PostgreSQL: the advisory lock, in a transaction of ``session`` that lasts until the block ends, so
+    the block's work on ``session`` runs inside it. SQLite: the file lock, with no transaction open:
+    the block opens its own (e.g. :func:`kernelfleet.service.db.immediate`)."""
+    if is_sqlite(session.get_bind().engine):
+        with file_lock(session, name) as mine:
+            yield mine
+        return
+    with session.begin():
+        yield pg_try_lock(session, name)

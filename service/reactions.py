@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from kernelfleet.service.db import immediate, is_sqlite
 from kernelfleet.service.hooks import run_result_hooks
-from kernelfleet.service.locks import file_lock, pg_try_lock
+from kernelfleet.service.locks import background_lock
 from kernelfleet.service.models import ResultEvent
 
 logger = logging.getLogger(__name__)
@@ -48,17 +48,10 @@ def run_pending(factory: sessionmaker[Session]) -> int:
     """Run the hooks of every queued result (in batches); returns how many results were handled."""
     total = 0
     while True:
-        with factory() as session:
-            if is_sqlite(session.get_bind().engine):
-                with file_lock(session, "reactions") as mine:
-                    if not mine:
-                        return total
-                    done = _drain(factory, session, sqlite=True)
-            else:
-                with session.begin():  # the drainer's lock lasts until this transaction ends
-                    if not pg_try_lock(session, "reactions"):
-                        return total
-                    done = _drain(factory, session, sqlite=False)
+        with factory() as session, background_lock(session, "reactions") as mine:
+            if not mine:
+                return total
+            done = _drain(factory, session, sqlite=is_sqlite(session.get_bind().engine))
         total += done
         if done < BATCH:
             return total

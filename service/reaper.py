@@ -7,6 +7,7 @@ on ``<database>.reaper.lock``; a process that does not get it skips the pass."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from sqlalchemy import update
@@ -15,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from kernelfleet.service import metrics
 from kernelfleet.service.db import db_now, immediate, is_sqlite
 from kernelfleet.service.leasing import Transition, reap_expired
-from kernelfleet.service.locks import file_lock, pg_try_lock
+from kernelfleet.service.locks import background_lock
 from kernelfleet.service.models import Job, JobState
 from kernelfleet.service.settings import Settings
 
@@ -24,20 +25,13 @@ logger = logging.getLogger(__name__)
 
 def reap_once(session_factory: sessionmaker[Session], settings: Settings) -> list[Transition]:
     """One reaper pass; returns the jobs it requeued or killed (empty when another process holds the lock)."""
-    with session_factory() as session:
-        if is_sqlite(session.get_bind().engine):
-            with file_lock(session, "reaper") as mine:
-                if not mine:
-                    return []
-                with immediate(session):
-                    moved = reap_expired(session, settings.requeue_backoff_seconds,
-                                         settings.requeue_backoff_max_seconds)
-        else:
-            with session.begin():  # the lock lasts until this transaction ends
-                if not pg_try_lock(session, "reaper"):
-                    return []
-                moved = reap_expired(session, settings.requeue_backoff_seconds,
-                                     settings.requeue_backoff_max_seconds)
+    with session_factory() as session, background_lock(session, "reaper") as mine:
+        if not mine:
+            return []
+        sqlite = is_sqlite(session.get_bind().engine)  # PostgreSQL: inside the lock's transaction
+        with immediate(session) if sqlite else contextlib.nullcontext():
+            moved = reap_expired(session, settings.requeue_backoff_seconds,
+                                 settings.requeue_backoff_max_seconds)
     for t in moved:
         logger.info("reaper: job %s lease expired -> %s (attempt %s of %s)", t.job_id, t.state.value,
                     t.attempts, t.max_attempts)

@@ -22,8 +22,8 @@ import socket
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from kernelfleet.service.db import db_now, immediate, is_sqlite, upsert_insert
-from kernelfleet.service.locks import file_lock, pg_try_lock
+from kernelfleet.service.db import db_now, immediate, upsert_insert
+from kernelfleet.service.locks import background_lock
 from kernelfleet.service.models import RegressionScan
 from kernelfleet.service.regressions import engine
 from kernelfleet.service.settings import Settings
@@ -99,9 +99,5 @@ def run_pending(factory: sessionmaker[Session], settings: Settings) -> int | Non
     """Run the queued scan, if any and if no other process is scanning; returns its id."""
     if not pending(factory):  # the usual case: one small indexed read per pass
         return None
-    with factory() as session:
-        if is_sqlite(session.get_bind().engine):
-            with file_lock(session, LOCK) as mine:
-                return _run(factory, settings) if mine else None
-        with session.begin():  # the lock lasts until this transaction ends, the whole scan
-            return _run(factory, settings) if pg_try_lock(session, LOCK) else None
+    with factory() as session, background_lock(session, LOCK) as mine:  # held for the whole scan
+        return _run(factory, settings) if mine else None
