@@ -11,6 +11,8 @@
 #   STEP=catalog             tests/kernels/test_catalog.py -m cuda, 16 processes -> catalog_cuda.txt
 #   STEP=search KERNELS=...  the model strategy vs exhaustive search, candidates precompiled in parallel
 #                            processes (benchmarks/multi_gpu.sh with PASSES=4 PRIMARY_ONLY=1)
+#   STEP=tune [ROWS=k:s,...] tuning time per large shape, candidates compiled at first launch vs ahead
+#                            (benchmarks/tune_time.py run) -> tune_time.txt, tune_time.jsonl, log.txt
 # TABLE_S (default 400) bounds the table step.
 set -u
 OUT="${OUT:-benchmarks/results/new}"; mkdir -p "$OUT"
@@ -34,6 +36,10 @@ case "${STEP:-table}" in
         --section LaunchStats --kernel-name regex:'custom_kernel|triton' --launch-count 4 \
         python3 benchmarks/peers.py --profile "$item" >> "$OUT/ncu.txt" 2>&1
     done ;;
+  tune)
+    timeout "${TUNE_S:-560}" python3 -P benchmarks/tune_time.py run ${ROWS:+--rows "$ROWS"} \
+      --out "$OUT/tune_time.txt" --time-limit $(( ${TUNE_S:-560} - 120 )) 2>> "$OUT/log.txt"
+    cat "$OUT/tune_time.txt" ;;
   catalog)  # the CUDA catalog test: every config of every kernel's space at its test shapes
     # -P: the checkout's own kernelfleet/ (no kernels/ under it) must not shadow /tmp/kf's
     timeout "${CATALOG_S:-480}" python3 -P -m pytest --noconftest -p no:cacheprovider -q -m cuda -n 16 \

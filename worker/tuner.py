@@ -95,6 +95,7 @@ class TuneOutcome:
     measure_s: float = 0.0     # timed rounds
     total_s: float = 0.0       # everything, including inputs, reference and golden output
     extra: dict[str, Any] = field(default_factory=dict)
+    precompiled: str | None = None  # what the backend compiled ahead (None: it compiles at first launch)
 
 
 def env_for(chip: ChipInfo, backend: Backend, kernel_hash: str) -> dict[str, Any]:
@@ -156,8 +157,12 @@ def tune_spec(spec: KernelSpec, shape: str | Shape, dtype: str, *, strategy: str
 
     with mx.stream(be.device):
         inputs = spec.make_inputs(dims, dtype, seed)
+        builds = set(search.builds(keys))
+        ahead = be.precompile(spec, [c for c, k in zip(candidates, keys, strict=True) if k in builds],
+                              dims, dtype, inputs)
         reference = spec.reference(inputs)
         mx.eval(inputs, reference)
+        precompiled = ahead.result() if ahead is not None else None
         measurer = Measurer(spec, be, dims, dtype, inputs, reference, candidates, seed=seed, on_step=step)
         best_key = search.search(keys, measurer, the_budget.start(), random.Random(seed))
         measurer.raise_if_all_failed()
@@ -183,7 +188,8 @@ def tune_spec(spec: KernelSpec, shape: str | Shape, dtype: str, *, strategy: str
     if progress is not None:
         progress(total, total)
     return TuneOutcome(report=report, trials=trials, best=best, prepare_s=measurer.prepare_s,
-                       measure_s=measurer.measure_s, total_s=time.perf_counter() - t_start)
+                       measure_s=measurer.measure_s, total_s=time.perf_counter() - t_start,
+                       precompiled=precompiled)
 
 
 def tune(kernel: str, shape: str, dtype: str, *, strategy: str = "halving", seed: int = 0,

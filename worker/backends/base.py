@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from concurrent.futures import Future
 
 import mlx.core as mx
 
@@ -67,6 +69,14 @@ class Backend(ABC):
         """If ``error`` (raised by a candidate's first launch) means this chip cannot run that config
         at all -- a limit of the chip, not a fault of the kernel -- the reason to record, naming the
         limit; else None (the failure is a compile or launch error)."""
+        return None
+
+    def precompile(self, spec: KernelSpec, configs: Sequence[Config], shape: Shape, dtype: str,
+                   inputs: Sequence[mx.array]) -> Future[str] | None:
+        """Start building ``configs``' kernels ahead of their first launch, where this backend can
+        do that faster than launch by launch (CUDA: NVRTC on a thread pool); the future's result says
+        what was done. None: nothing to do (kernels compile at their first launch). Never raises for
+        a config: a kernel that cannot be built fails at its launch, as before."""
         return None
 
     def build(self, spec: KernelSpec, config: Config, shape: Shape, dtype: str) -> KernelFn:

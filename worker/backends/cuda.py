@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
+
 import mlx.core as mx
 
+from kernelfleet.kernels import cuda_precompile
+from kernelfleet.kernels.spec import Config, KernelBuildError, KernelSpec, Shape, config_key
 from kernelfleet.worker.backends.base import Backend
+from kernelfleet.worker.chip import parse_cuda_device_info
+
+PRECOMPILE_ENV = "KERNELFLEET_CUDA_PRECOMPILE"  # "0": compile each kernel at its first launch, as MLX does
 
 
 class CudaBackend(Backend):
@@ -14,3 +24,40 @@ class CudaBackend(Backend):
     def available(self) -> bool:
         cuda = getattr(mx, "cuda", None)
         return bool(cuda is not None and cuda.is_available())
+
+    def precompile(self, spec: KernelSpec, configs: Sequence[Config], shape: Shape, dtype: str,
+                   inputs: Sequence[mx.array]) -> Future[str] | None:
+        """NVRTC-compile the custom configs' kernels, all at once in a pool of processes, into MLX's
+        PTX cache (:mod:`kernelfleet.kernels.cuda_precompile`) while the caller goes on (the tuner
+        computes its reference meanwhile). The launches are captured here, on the caller's thread;
+        a helper thread only waits for the pool and writes the files."""
+        if os.environ.get(PRECOMPILE_ENV, "1") == "0":
+            return None
+        calls = []
+        for config in configs:
+            if config_key(config) == "builtin":
+                continue
+            try:
+                calls.append((spec.build(config, self.name, shape, dtype), inputs))
+            except KernelBuildError:
+                continue  # the measurer records it when it builds the config
+        arch = parse_cuda_device_info(dict(mx.device_info())).get("arch") or ""
+        future: Future[str] = Future()
+        try:
+            records = cuda_precompile.records_of(calls)
+            cuda_precompile.toolchain(arch)  # on this thread: it touches MLX once
+        except (cuda_precompile.NvrtcUnavailable, KernelBuildError, RuntimeError, ValueError) as e:
+            future.set_result(f"not precompiled: {e}")
+            return future
+
+        def work() -> None:
+            try:
+                done = cuda_precompile.precompile(records, arch)
+                failed = f", {len(done.failed)} refused by NVRTC" if done.failed else ""
+                future.set_result(f"{done.compiled} compiled ahead in {done.seconds:.1f} s, "
+                                  f"{done.cached} already cached{failed}")
+            except Exception as e:  # noqa: BLE001 - the launches compile as before; say why
+                future.set_result(f"not precompiled: {e}")
+
+        threading.Thread(target=work, name="kf-precompile", daemon=True).start()
+        return future

@@ -83,6 +83,11 @@ class SearchStrategy(ABC):
         """Measure some of ``keys`` (which include ``"builtin"``) and return the best key, or None
         when every measured candidate failed."""
 
+    def builds(self, keys: Sequence[str]) -> list[str]:
+        """The candidates a search over ``keys`` builds (all of them, unless the strategy says
+        fewer): what a backend may compile ahead, all at once."""
+        return list(keys)
+
     @abstractmethod
     def planned_steps(self, n: int) -> int:
         """About how many steps (candidate preparations + candidate-rounds) a search over ``n``

@@ -36,6 +36,9 @@ class ModelGuided(SearchStrategy):
     def choose(self, keys: Sequence[str]) -> list[str]:
         return with_builtin([k for k in keys if k != BUILTIN_KEY][: self.top], keys)
 
+    def builds(self, keys: Sequence[str]) -> list[str]:
+        return self.choose(keys)
+
     def search(self, keys: Sequence[str], measurer: Measures, budget: Budget,
                rng: random.Random) -> str | None:
         return self.halving.search(self.choose(keys), measurer, budget, rng)
