@@ -108,13 +108,22 @@ class RunPoint:
     """One run of a series: its best time, that trial's p10/p90 and what it ran on."""
 
     result_id: int
-    created_at: datetime
+    created_at: datetime  # when the coordinator stored it
     dtype: str
     best_us: float
     p10_us: float | None
     p90_us: float | None
     mlx_version: str
     config_key: str | None
+    measured_at: datetime | None = None  # the worker's clock when it measured (older reports lack it)
+
+    @property
+    def at(self) -> datetime:
+        """When the run happened: the worker's ``measured_at``, else the time it was stored (an
+        imported run is dated by its measurement, not by the import)."""
+        at = utc(self.measured_at) or utc(self.created_at)
+        assert at is not None
+        return at
 
 
 def series_figure(
@@ -125,10 +134,11 @@ def series_figure(
     data: list[Trace] = []
     div, unit = time_unit([p.p90_us if p.p90_us is not None else p.best_us for p in points])
     dtypes = sorted({p.dtype for p in points})
+    points = sorted(points, key=lambda p: (p.at, p.result_id))
     for i, dtype in enumerate(dtypes):
         color = PALETTE[i % len(PALETTE)]
         pts = [p for p in points if p.dtype == dtype]
-        xs = [_iso(p.created_at) for p in pts]
+        xs = [_iso(p.at) for p in pts]
         hi = _scaled([p.p90_us if p.p90_us is not None else p.best_us for p in pts], div)
         lo = _scaled([p.p10_us if p.p10_us is not None else p.best_us for p in pts], div)
         data.append(
@@ -177,7 +187,7 @@ def series_figure(
         data.append(
             {
                 "type": "scatter",
-                "x": [_iso(p.created_at) for p in pts],
+                "x": [_iso(p.at) for p in pts],
                 "y": _scaled([p.best_us for p in pts], div),
                 "mode": "markers",
                 "name": f"MLX {version}",
@@ -205,7 +215,7 @@ def series_figure(
         data.append(
             {
                 "type": "scatter",
-                "x": [_iso(p.created_at) for p in hl],
+                "x": [_iso(p.at) for p in hl],
                 "y": _scaled([p.best_us for p in hl], div),
                 "mode": "markers",
                 "name": "flagged run",
@@ -238,7 +248,7 @@ def series_figure(
         }
         for y, label in hlines
     ]
-    xrange = _single_time_range([_iso(p.created_at) for p in points])
+    xrange = _single_time_range([_iso(p.at) for p in points])
     return _json(data, _layout(y_title=f"best time ({unit})", shapes=shapes, annotations=notes, xaxis=xrange))
 
 

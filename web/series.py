@@ -27,6 +27,7 @@ _POINT_COLS = (
     R.shape,
     R.dtype,
     R.created_at,
+    R.measured_at,
     R.best_median_us,
     R.best_p10_us,
     R.best_p90_us,
@@ -170,6 +171,7 @@ def _point(r: Any) -> RunPoint:
         p90_us=r.best_p90_us,
         mlx_version=r.mlx_version,
         config_key=r.best_config_key,
+        measured_at=r.measured_at,
     )
 
 

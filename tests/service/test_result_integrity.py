@@ -15,8 +15,9 @@ from conftest import Coordinator, kernelfleet_cmd
 from coordinator_helpers import create_campaign, enroll, lease, make_report
 from sqlalchemy import func, select
 
-from kernelfleet.service.db import make_engine
+from kernelfleet.service.db import make_engine, make_sessionmaker, stored_utc
 from kernelfleet.service.models import ConfigStat, Result
+from kernelfleet.web.series import run_points
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
@@ -78,6 +79,16 @@ def test_import_is_idempotent_and_keeps_measured_at(coordinator: Coordinator) ->
     seen = _scalar(coordinator, select(func.min(ConfigStat.first_seen_at)))
     seen = seen if seen.tzinfo else seen.replace(tzinfo=UTC)
     assert seen == datetime(2026, 3, 1, 10, 20, 30, tzinfo=UTC)
+    # the dashboard draws the dated run at its measurement, the undated one when it was stored
+    engine = make_engine(coordinator.db_url)
+    try:
+        with make_sessionmaker(engine)() as session:
+            points = run_points(session, dated["env"]["chip"], dated["kernel"], 10)
+    finally:
+        engine.dispose()
+    by_id = {p.result_id: p for pts in points.values() for p in pts}
+    assert by_id[ids[0]].at == datetime(2026, 3, 1, 10, 20, 30, tzinfo=UTC)
+    assert by_id[ids[1]].at == stored_utc(by_id[ids[1]].created_at)
 
 
 def test_the_committed_reports_import(coordinator: Coordinator, tmp_path: Path) -> None:

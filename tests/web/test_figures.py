@@ -136,3 +136,15 @@ def test_bandwidth_figure_is_bytes_over_median_against_the_chip() -> None:
     assert "400 GB/s" in fig["layout"]["annotations"][0]["text"]
     unknown = json.loads(S.bandwidth_figure(MEASURED, nbytes, None, "cpu"))
     assert unknown["layout"]["shapes"] == []
+
+
+def test_runs_are_drawn_when_they_were_measured_not_when_stored() -> None:
+    """An imported run (stored today, measured last week) sits at its measurement time, in order."""
+    stored = T0 + timedelta(days=7)
+    imported = F.RunPoint(2, stored, "float32", 12.0, 11.5, 12.5, "0.32.4", "tg=256", measured_at=T0)
+    live = F.RunPoint(1, T0 + timedelta(days=3), "float32", 10.0, 9.5, 10.5, "0.32.4", "tg=256")
+    old_report = F.RunPoint(3, T0 + timedelta(days=5), "float32", 11.0, 10.5, 11.5, "0.32.4", "tg=256")
+    fig = json.loads(F.series_figure([live, imported, old_report]))
+    line = next(t for t in fig["data"] if t["name"] == "float32")
+    assert line["x"] == [F._iso(T0), F._iso(T0 + timedelta(days=3)), F._iso(T0 + timedelta(days=5))]
+    assert line["y"] == [12.0, 10.0, 11.0]
