@@ -178,3 +178,45 @@ def test_a_compile_process_that_cannot_start_refuses_its_jobs_and_is_replaced() 
         assert pool._all == []
     finally:
         pool.close()
+
+
+def _wheel_nvrtc() -> str | None:
+    """libnvrtc from the nvidia-cuda-nvrtc wheel (a dev dependency on Linux x86-64): NVRTC is a
+    compiler and needs no GPU."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        found = sorted(Path(root).glob("cu13/lib/libnvrtc.so*"))
+        if found:
+            return str(found[0])
+    return None
+
+
+TEMPLATE_KERNEL = """namespace kf { template <int N> __global__ void k(float* x) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x; x[i] += N + OFFSET; } }"""
+
+
+@pytest.mark.skipif(_wheel_nvrtc() is None, reason="no nvidia-cuda-nvrtc wheel (pip install -e '.[dev]')")
+def test_the_compile_pool_builds_cubins_with_the_real_nvrtc() -> None:
+    """Real NVRTC in the pool's processes: every job answered in order, a cubin (ELF) and the lowered
+    name of the name expression for the good ones, NVRTC's own log for the bad one."""
+    chain = nvrtc.Toolchain(str(_wheel_nvrtc()), ("--gpu-architecture=sm_90a",))
+    jobs = [nvrtc.Job(f"m{i}", TEMPLATE_KERNEL.replace("OFFSET", str(i)), "kf::k<4>") for i in range(5)]
+    jobs.insert(2, nvrtc.Job("broken", "this is not C++", "kf::k<4>"))
+    pool = nvrtc.CompilePool(chain, processes=3)
+    try:
+        results = pool.compile(jobs)
+        assert [r[0] for r in results] == [j.module for j in jobs]
+        for module, cubin, lowered in results:
+            if module == "broken":
+                assert cubin is None and "broken.cu(1): error" in lowered
+            else:
+                assert cubin is not None and cubin[:4] == b"\x7fELF"
+                assert lowered == "_ZN2kf1kILi4EEEvPf"
+        assert len({r[1] for r in results if r[1]}) == 5  # five sources, five different cubins
+        assert len(pool._all) == 3  # the processes stay for the next call
+        again = pool.compile(jobs[:1])
+        assert again[0][1] == results[0][1]
+    finally:
+        pool.close()
