@@ -9,7 +9,7 @@ For every row, two fresh processes tune the shape with the ``model`` strategy (t
 for large shapes: the cost model's 6 candidates and the built-in): **before**, every custom candidate
 compiled by MLX at its first launch, one after another (``KERNELFLEET_CUDA_PRECOMPILE=0``); **after**,
 the tuner's CUDA backend compiling them ahead, all at once in a pool of processes, into MLX's PTX
-cache (:mod:`kernelfleet.kernels.cuda_precompile`) while the reference is computed. The two run in
+cache (:mod:`kernelfleet.kernels.cuda_precompile`) while numpy makes the inputs. The two run in
 turn (which goes first alternates by row), after an untimed warm-up in the same process (the row's
 inputs, its built-in and one verification against the reference: a long-running worker has its CUDA
 context and MLX's own kernels already). All processes share one MLX cache directory, as a worker's

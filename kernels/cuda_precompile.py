@@ -23,7 +23,9 @@ So for a launch captured without running (:func:`kernelfleet.kernels.launch.capt
 At the first launch MLX then loads the file instead of compiling. Where anything differs (another
 MLX version's source layout, a header NVRTC cannot find here), the names do not meet and MLX
 compiles as it always did: a miss costs the compile, never a wrong kernel, because a file is only
-ever found under the hash of the exact source it was compiled from.
+ever found under the hash of the exact source it was compiled from. The files are cubins for this
+GPU, like MLX's own entries in that directory (whose default path has MLX's version in it): a
+``MLX_PTX_CACHE_DIR`` shared by two GPU kinds fails MLX's own kernels as it fails these.
 """
 
 from __future__ import annotations

@@ -164,3 +164,18 @@ def test_golden():
     rnd = random.Random(0)
     big = mx.array([rnd.random() for _ in range(100_000)])
     assert len(golden([big])["sample"]) == 256
+
+
+def test_golden_stats_over_chunks_match_a_float64_copy() -> None:
+    """The chunked one-pass statistics agree with numpy over a float64 copy of the whole output
+    (an offset mean, so a one-pass variance would show any cancellation)."""
+    from kernelfleet.worker import golden as G
+
+    rng = np.random.default_rng(3)
+    flat = (rng.standard_normal(3 * G.STATS_CHUNK + 12345, dtype=np.float32) * 2.5 + 7.0).astype(np.float32)
+    x = flat.astype(np.float64)
+    got = G.stats(flat)
+    assert got["mean"] == pytest.approx(float(x.mean()), rel=1e-12)
+    assert got["std"] == pytest.approx(float(x.std()), rel=1e-9)
+    assert got["abs_mean"] == pytest.approx(float(np.abs(x).mean()), rel=1e-12)
+    assert (got["min"], got["max"]) == (float(x.min()), float(x.max()))

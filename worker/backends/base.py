@@ -72,7 +72,7 @@ class Backend(ABC):
         return None
 
     def precompile(self, spec: KernelSpec, configs: Sequence[Config], shape: Shape, dtype: str,
-                   inputs: Sequence[mx.array]) -> Future[str] | None:
+                   seed: int) -> Future[str] | None:
         """Start building ``configs``' kernels ahead of their first launch, where this backend can
         do that faster than launch by launch (CUDA: NVRTC on a thread pool); the future's result says
         what was done. None: nothing to do (kernels compile at their first launch). Never raises for

@@ -10,6 +10,7 @@ from concurrent.futures import Future
 import mlx.core as mx
 
 from kernelfleet.kernels import cuda_precompile
+from kernelfleet.kernels.common import shapes_only
 from kernelfleet.kernels.spec import Config, KernelBuildError, KernelSpec, Shape, config_key
 from kernelfleet.worker.backends.base import Backend
 from kernelfleet.worker.chip import parse_cuda_device_info
@@ -26,13 +27,16 @@ class CudaBackend(Backend):
         return bool(cuda is not None and cuda.is_available())
 
     def precompile(self, spec: KernelSpec, configs: Sequence[Config], shape: Shape, dtype: str,
-                   inputs: Sequence[mx.array]) -> Future[str] | None:
+                   seed: int) -> Future[str] | None:
         """NVRTC-compile the custom configs' kernels, all at once in a pool of processes, into MLX's
         PTX cache (:mod:`kernelfleet.kernels.cuda_precompile`) while the caller goes on (the tuner
-        computes its reference meanwhile). The launches are captured here, on the caller's thread;
-        a helper thread only waits for the pool and writes the files."""
+        makes its inputs and reference meanwhile). The launches are captured here, on the caller's
+        thread, with inputs of the right shapes and dtypes that hold nothing (``shapes_only``: numpy
+        takes seconds for a large shape); a helper thread only waits for the pool and writes files."""
         if os.environ.get(PRECOMPILE_ENV, "1") == "0":
             return None
+        with shapes_only():
+            inputs = spec.make_inputs(shape, dtype, seed)
         calls = []
         for config in configs:
             if config_key(config) == "builtin":
