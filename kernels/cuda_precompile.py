@@ -144,8 +144,13 @@ def mlx_source(record: LaunchRecord) -> str:
     return "".join(parts)
 
 
+def _module(kernel: str, source: str) -> str:
+    """MLX's module name: ``<kernel name>_<std::hash of the source, hex>``."""
+    return f"{kernel}_{std_hash(source.encode()):x}"
+
+
 def module_name(record: LaunchRecord) -> str:
-    return f"{kernel_name(record)}_{std_hash(mlx_source(record).encode()):x}"
+    return _module(kernel_name(record), mlx_source(record))
 
 
 def cache_dir() -> Path:
@@ -173,29 +178,29 @@ class NvrtcUnavailable(RuntimeError):
     """NVRTC, MLX's headers or the CUDA headers cannot be found in this process."""
 
 
-def _loaded_library(pattern: str) -> str | None:
-    """The path of a shared library this process has mapped whose file name matches ``pattern``."""
+def _maps() -> list[tuple[int, int, str, str]]:
+    """This process's file mappings: (start, end, permissions, path); none where /proc is absent."""
+    out = []
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
             for line in f:
-                path = line.rstrip("\n").split(" ", 5)[-1].strip()
-                if re.search(pattern, os.path.basename(path)):
-                    return path
+                fields = line.split(None, 5)
+                if len(fields) == 6:
+                    lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                    out.append((lo, hi, fields[1], fields[5].strip()))
     except OSError:
-        return None
-    return None
+        return []
+    return out
+
+
+def _loaded_library(pattern: str) -> str | None:
+    """The path of a shared library this process has mapped whose file name matches ``pattern``."""
+    return next((path for *_, path in _maps() if re.search(pattern, os.path.basename(path))), None)
 
 
 def _mapped(path: str) -> list[tuple[int, int]]:
     """The readable address ranges this process has mapped from the file ``path``."""
-    out = []
-    with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            fields = line.split(None, 5)
-            if len(fields) == 6 and fields[5].strip() == path and fields[1].startswith("r"):
-                lo, hi = (int(x, 16) for x in fields[0].split("-"))
-                out.append((lo, hi))
-    return out
+    return [(lo, hi) for lo, hi, perms, where in _maps() if where == path and perms.startswith("r")]
 
 
 HEADER_PREFIX = b"mlx/backend/cuda/device/"
@@ -379,9 +384,8 @@ def precompile(records: Iterable[LaunchRecord], arch: str, *, directory: Path | 
     for record in records:
         if record.rendered.backend != "cuda":
             continue
-        source = mlx_source(record)
-        kernel = kernel_name(record)
-        module = f"{kernel}_{std_hash(source.encode()):x}"
+        source, kernel = mlx_source(record), kernel_name(record)
+        module = _module(kernel, source)
         if module in todo:
             continue
         if ptx_path(where, module).exists():
