@@ -74,9 +74,9 @@ class Backend(ABC):
     def precompile(self, spec: KernelSpec, configs: Sequence[Config], shape: Shape, dtype: str,
                    seed: int) -> Future[str] | None:
         """Start building ``configs``' kernels ahead of their first launch, where this backend can
-        do that faster than launch by launch (CUDA: NVRTC on a thread pool); the future's result says
-        what was done. None: nothing to do (kernels compile at their first launch). Never raises for
-        a config: a kernel that cannot be built fails at its launch, as before."""
+        do that faster than launch by launch (CUDA: NVRTC in a pool of processes); the future's
+        result says what was done. None: nothing to do (kernels compile at their first launch).
+        Never raises for a config: a kernel that cannot be built fails at its launch, as before."""
         return None
 
     def build(self, spec: KernelSpec, config: Config, shape: Shape, dtype: str) -> KernelFn:
