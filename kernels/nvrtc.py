@@ -139,7 +139,7 @@ class _Process:
             pickle.dump(job, self.stdin)
             self.stdin.flush()
             return cast(Result, pickle.load(self.stdout))
-        except (OSError, EOFError, pickle.UnpicklingError) as e:
+        except (OSError, ValueError, EOFError, pickle.UnpicklingError) as e:  # ValueError: a closed pipe
             self.dead = True
             return job.module, None, f"the compile process ended: {e}"
 
@@ -152,17 +152,26 @@ class _Process:
             self.proc.kill()
 
 
-class CompilePool:
-    """Up to ``processes`` compiles at once, each in a process of its own (``python -m`` this
-    module: nothing of the caller's program is imported there), kept for the next call: a
-    long-running worker starts them once."""
+MAX_PROCESSES = 16  # an NVRTC process holds a few hundred MB while it compiles MLX's headers
+IDLE_SECONDS = 120.0  # a pool unused this long lets its processes go (the next call starts them again)
 
-    def __init__(self, toolchain: Toolchain, processes: int | None = None) -> None:
+
+class CompilePool:
+    """Up to ``processes`` compiles at once (default: the CPUs, at most :data:`MAX_PROCESSES`), each in
+    a process of its own (``python -m`` this module: nothing of the caller's program is imported
+    there). The processes stay for the next call -- a tune's compiles come in bursts -- and go after
+    ``idle_seconds`` without one."""
+
+    def __init__(self, toolchain: Toolchain, processes: int | None = None,
+                 idle_seconds: float | None = IDLE_SECONDS) -> None:
         self.toolchain = toolchain
-        self.processes = max(1, processes or os.cpu_count() or 1)
+        self.processes = max(1, processes or min(os.cpu_count() or 1, MAX_PROCESSES))
+        self.idle_seconds = idle_seconds
         self._idle: queue.SimpleQueue[_Process] = queue.SimpleQueue()
         self._all: list[_Process] = []
         self._lock = threading.Lock()
+        self._busy = 0  # compile calls in progress
+        self._timer: threading.Timer | None = None
 
     def _take(self) -> _Process:
         try:
@@ -192,14 +201,48 @@ class CompilePool:
         todo = list(jobs)
         if not todo:
             return []
-        with ThreadPoolExecutor(max_workers=min(len(todo), self.processes)) as waiters:
-            return list(waiters.map(self._run, todo))
+        with self._lock:
+            self._busy += 1
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        try:
+            with ThreadPoolExecutor(max_workers=min(len(todo), self.processes)) as waiters:
+                return list(waiters.map(self._run, todo))
+        finally:
+            with self._lock:
+                self._busy -= 1
+                if self._busy == 0 and self.idle_seconds is not None:
+                    self._timer = threading.Timer(self.idle_seconds, self._close_if_idle)
+                    self._timer.daemon = True
+                    self._timer.start()
+
+    def running(self) -> int:
+        """How many compile processes are up."""
+        with self._lock:
+            return len(self._all)
+
+    def _close_if_idle(self) -> None:
+        with self._lock:
+            if self._busy == 0:
+                self._stop_all()
 
     def close(self) -> None:
         with self._lock:
-            for proc in self._all:
-                proc.close()
-            self._all.clear()
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._stop_all()
+
+    def _stop_all(self) -> None:  # under the lock
+        while True:
+            try:
+                self._idle.get_nowait()
+            except queue.Empty:
+                break
+        for proc in self._all:
+            proc.close()
+        self._all.clear()
 
 
 if __name__ == "__main__":

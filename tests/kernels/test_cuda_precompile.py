@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -174,7 +175,7 @@ def test_a_compile_process_that_cannot_start_refuses_its_jobs_and_is_replaced() 
         results = pool.compile([nvrtc.Job(f"m{i}", "", "k") for i in range(3)])
         assert [r[0] for r in results] == ["m0", "m1", "m2"]
         assert all(cubin is None and "compile process ended" in why for _, cubin, why in results)
-        assert pool._all == []
+        assert pool.running() == 0
     finally:
         pool.close()
 
@@ -214,8 +215,28 @@ def test_the_compile_pool_builds_cubins_with_the_real_nvrtc() -> None:
                 assert cubin is not None and cubin[:4] == b"\x7fELF"
                 assert lowered == "_ZN2kf1kILi4EEEvPf"
         assert len({r[1] for r in results if r[1]}) == 5  # five sources, five different cubins
-        assert len(pool._all) == 3  # the processes stay for the next call
+        assert pool.running() == 3  # the processes stay for the next call
         again = pool.compile(jobs[:1])
         assert again[0][1] == results[0][1]
+        pool.close()
+        assert pool.running() == 0
+        assert pool.compile(jobs[:1])[0][1] == results[0][1]  # a closed pool starts processes again
+    finally:
+        pool.close()
+
+
+@pytest.mark.skipif(_wheel_nvrtc() is None, reason="no nvidia-cuda-nvrtc wheel (pip install -e '.[dev]')")
+def test_an_idle_compile_pool_lets_its_processes_go() -> None:
+    chain = nvrtc.Toolchain(str(_wheel_nvrtc()), ("--gpu-architecture=sm_90a",))
+    pool = nvrtc.CompilePool(chain, processes=2, idle_seconds=0.5)
+    try:
+        job = nvrtc.Job("m", TEMPLATE_KERNEL.replace("OFFSET", "0"), "kf::k<4>")
+        assert pool.compile([job, job])[0][1] is not None
+        assert pool.running() == 2
+        deadline = time.monotonic() + 20
+        while pool.running() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pool.running() == 0
+        assert pool.compile([job])[0][1] is not None
     finally:
         pool.close()
