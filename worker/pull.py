@@ -13,9 +13,11 @@ are replaced atomically. ``If-None-Match`` with the installed profile's ETag mak
 from __future__ import annotations
 
 import json
+import re
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
@@ -51,6 +53,11 @@ class PullResult:
     unchanged: bool
     zmlx: zmlx_cache.MergeResult | None
     zmlx_skipped: str | None
+    fallbacks: dict[str, int] = field(default_factory=dict)  # why predicted entries are the built-in
+
+    @property
+    def fallback(self) -> int:
+        return sum(self.fallbacks.values())
 
 
 def resolve_target(chip: str = "auto", mlx_version: str | None = None) -> Target:
@@ -214,7 +221,17 @@ def pull(
         unchanged=unchanged,
         zmlx=merged,
         zmlx_skipped=skipped,
+        fallbacks=fallback_reasons(entries),
     )
+
+
+def fallback_reasons(entries: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """How many predicted entries fell back to the built-in, by reason (most first); the
+    confidences of "confidence 0.50 is below 0.80" counted together as one reason."""
+    below = re.compile(r"^confidence [\d.]+ is below ([\d.]+)$")
+    counts = Counter(below.sub(r"confidence below \1", str(e["fallback"]))
+                     for e in entries if e.get("predicted") and e.get("fallback"))
+    return dict(counts.most_common())
 
 
 def trusted_entries(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -233,6 +250,7 @@ def describe(result: PullResult) -> str:
             "version": result.version,
             "entries": result.entries,
             "predicted": result.predicted,
+            "fallback": result.fallback,
             "unchanged": result.unchanged,
         }
     )

@@ -75,9 +75,11 @@ def pull_command(
             raise typer.Exit(1) from e
     state = "unchanged" if result.unchanged else "installed"
     entries = plural(result.entries, "entry", "entries")
+    why = ", ".join(f"{n} {reason}" for reason, n in result.fallbacks.items())
+    fell_back = f"; {result.fallback} of them the built-in: {why}" if result.fallback else ""
     out.print(
         f"profile for {result.target.chip} version {result.version} {state}: {entries} "
-        f"({result.predicted} predicted) -> {result.profile_path}",
+        f"({result.predicted} predicted{fell_back}) -> {result.profile_path}",
         highlight=False,
     )
     if result.zmlx is not None:

@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -222,7 +223,7 @@ def test_pull_installs_profile_and_zmlx_reads_it(
     assert tuned_shapes == ["1024x4096", "4096x4096"]
     # the M3 Pro's shape and the catalog's standard shapes the Max never ran
     assert "2048x4096" in predicted_shapes and "32x4096" in predicted_shapes
-    assert f"{len(body['entries'])} entries ({len(predicted_shapes)} predicted)" in done.stdout
+    assert f"{len(body['entries'])} entries ({len(predicted_shapes)} predicted" in done.stdout
     configs = get_spec("rmsnorm").space((4096, 4096), "float16")
     expected_best = config_key(configs[len(configs) // 2])
     tuned = profile_file.lookup("rmsnorm", "4096x4096", "float16", M3_MAX)
@@ -394,6 +395,12 @@ def test_pull_for_a_chip_without_data_refuses_unless_predicted_allowed(
     assert all(e["confidence"] >= 0.55 for e in trusted)
     low = [e for e in body["entries"] if "fallback" in e]
     assert all(e["config_key"] == "builtin" for e in low)
+    # the summary says how many fell back to the built-in, and why
+    reasons = Counter("confidence below 0.55" if e["fallback"].startswith("confidence") else e["fallback"]
+                      for e in low)
+    assert low and reasons
+    why = ", ".join(f"{n} {r}" for r, n in reasons.most_common())
+    assert f"({len(body['entries'])} predicted; {len(low)} of them the built-in: {why})" in done.stdout
     ours = json.loads(cache.read_text())["devices"]["M4_0.32.4"]["entries"]
     assert len(ours) == len(trusted)
 
