@@ -12,7 +12,6 @@ are replaced atomically. ``If-None-Match`` with the installed profile's ETag mak
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections import Counter
@@ -240,17 +239,3 @@ def trusted_entries(body: dict[str, Any]) -> list[dict[str, Any]]:
     threshold = float(body.get("confidence_threshold") or 0.0)
     return [e for e in body.get("entries", []) if not e.get("predicted")
             or ("fallback" not in e and float(e.get("confidence") or 0.0) >= threshold)]
-
-
-def describe(result: PullResult) -> str:
-    return json.dumps(
-        {
-            "chip": result.target.chip,
-            "profile": result.profile_path,
-            "version": result.version,
-            "entries": result.entries,
-            "predicted": result.predicted,
-            "fallback": result.fallback,
-            "unchanged": result.unchanged,
-        }
-    )
