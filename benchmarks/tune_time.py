@@ -77,7 +77,7 @@ def child_parts(kernel: str, shape: str) -> dict[str, Any]:
 
     from kernelfleet.kernels import cuda_precompile
     from kernelfleet.worker.backends.registry import get_backend
-    from kernelfleet.worker.chip import parse_cuda_device_info
+    from kernelfleet.worker.chip import detect_chip
     from kernelfleet.worker.golden import golden
     from kernelfleet.worker.search.model import TOP, prior_order
     from kernelfleet.worker.tuner import get_spec, resolve
@@ -85,7 +85,7 @@ def child_parts(kernel: str, shape: str) -> dict[str, Any]:
     clock, out = time.perf_counter, dict[str, Any]()
     be, spec = get_backend("cuda"), get_spec(kernel)
     dims = resolve(spec, shape, DTYPE)
-    arch = str(parse_cuda_device_info(dict(mx.device_info()))["arch"])
+    arch = str(detect_chip().arch)
     t = clock()
     inputs = spec.make_inputs(dims, DTYPE, 0)
     out["make_inputs_s"] = clock() - t

@@ -23,6 +23,7 @@ from kernelfleet.kernels import cuda_precompile as cp
 from kernelfleet.kernels import nvrtc
 from kernelfleet.kernels.catalog import get_spec
 from kernelfleet.kernels.launch import KernelSource, Launch, capture, run
+from kernelfleet.worker.backends.cuda import CudaBackend
 
 CXX = shutil.which("clang++") or shutil.which("g++") or shutil.which("c++")
 
@@ -102,14 +103,13 @@ def test_long_module_names_split_like_mlx(tmp_path: Path) -> None:
 
 
 def _cuda() -> bool:
-    cuda = getattr(mx, "cuda", None)
-    return bool(cuda is not None and cuda.is_available())
+    return CudaBackend().available()
 
 
 def _arch() -> str:
-    from kernelfleet.worker.chip import parse_cuda_device_info
+    from kernelfleet.worker.chip import detect_chip
 
-    return str(parse_cuda_device_info(dict(mx.device_info()))["arch"])
+    return str(detect_chip().arch)
 
 
 @pytest.mark.cuda
@@ -159,8 +159,6 @@ def test_without_cuda_mlx_the_tuner_compiles_at_first_launch() -> None:
         pytest.skip("MLX has its CUDA backend here")
     with pytest.raises(cp.NvrtcUnavailable):
         cp.toolchain("sm_90")
-    from kernelfleet.worker.backends.cuda import CudaBackend
-
     spec = get_spec("rmsnorm")
     shape = (8, 4096)
     future = CudaBackend().precompile(spec, spec.space(shape, "float32")[:2], shape, "float32", 0)

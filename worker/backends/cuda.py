@@ -13,7 +13,7 @@ from kernelfleet.kernels import cuda_precompile
 from kernelfleet.kernels.common import shapes_only
 from kernelfleet.kernels.spec import Config, KernelBuildError, KernelSpec, Shape, config_key
 from kernelfleet.worker.backends.base import Backend
-from kernelfleet.worker.chip import parse_cuda_device_info
+from kernelfleet.worker.chip import detect_chip
 
 PRECOMPILE_ENV = "KERNELFLEET_CUDA_PRECOMPILE"  # "0": compile each kernel at its first launch, as MLX does
 
@@ -45,7 +45,7 @@ class CudaBackend(Backend):
                 calls.append((spec.build(config, self.name, shape, dtype), inputs))
             except KernelBuildError:
                 continue  # the measurer records it when it builds the config
-        arch = parse_cuda_device_info(dict(mx.device_info())).get("arch") or ""
+        arch = detect_chip().arch or ""  # cached: the tuner has asked already
         future: Future[str] = Future()
         try:
             records = cuda_precompile.records_of(calls)
