@@ -8,7 +8,8 @@
 #                            (TORCH_LOGS=output_code) -> inductor_code.txt
 #   STEP=ncu PROFILE="name:shape:config ..."   Nsight Compute's speed-of-light, memory and occupancy
 #                            readings of our kernel and Inductor's for each -> ncu.txt
-#   STEP=catalog             tests/kernels/test_catalog.py -m cuda, 16 processes -> catalog_cuda.txt
+#   STEP=catalog             tests/kernels/test_catalog.py -m cuda, 4 processes (each compiles its
+#                            shapes' spaces ahead in a pool of NVRTC processes) -> catalog_cuda.txt
 #   STEP=search KERNELS=...  the model strategy vs exhaustive search, candidates precompiled in parallel
 #                            processes (benchmarks/multi_gpu.sh with PASSES=4 PRIMARY_ONLY=1)
 #   STEP=tune [ROWS=k:s,...] tuning time per large shape, candidates compiled at first launch vs ahead
@@ -42,7 +43,7 @@ case "${STEP:-table}" in
     cat "$OUT/tune_time.txt" ;;
   catalog)  # the CUDA catalog test: every config of every kernel's space at its test shapes
     # -P: the checkout's own kernelfleet/ (no kernels/ under it) must not shadow /tmp/kf's
-    timeout "${CATALOG_S:-480}" python3 -P -m pytest --noconftest -p no:cacheprovider -q -m cuda -n 16 \
+    timeout "${CATALOG_S:-480}" python3 -P -m pytest --noconftest -p no:cacheprovider -q -m cuda -n 4 -rA \
       -o timeout=470 tests/kernels/test_catalog.py > "$OUT/catalog_cuda.txt" 2>&1
     tail -5 "$OUT/catalog_cuda.txt" ;;
   search)  # many files: they come back as one archive beside the merged report
