@@ -19,6 +19,9 @@ in interleaved rounds:
 - decode tokens/s at each ``--decode`` batch: ``--steps`` one-token steps after a ``--context``-token
   prefill, with a KV cache, in mlx-lm's own decode loop (``generate_step``: the next step is built
   and queued while the GPU runs this one); tokens/s counts every sequence of the batch;
+- per row: tokens/s from each side's median round, and the patched/stock speed ratio paired by round
+  (each round times both, back to back) with its 95 % bootstrap interval: *faster* or *slower* when
+  the interval lies above or below 1, else *within the noise*;
 - logits: the patched prefill's logits against the stock ones at the longest ``--prefill`` (max
   |diff| / max |logit|, and the share of positions whose argmax agrees);
 - the share of the stock forward's time spent in the ops the patch replaces (Amdahl): each op the
@@ -234,6 +237,9 @@ def op_seconds(kernel: str, shape: str, dtype: str, config: dict[str, Any], para
     spec = get_spec(kernel)
     dims = parse_shape(shape)
     inputs = spec.make_inputs(dims, dtype, 0)
+    if params.get("heads_inner"):  # rope as attention holds it: (1, heads, L, Dh) over (1, L, heads, Dh)
+        rows, seq, dh = dims
+        inputs = [inputs[0].reshape(1, seq, rows, dh).transpose(0, 2, 1, 3), *inputs[1:]]
     mx.eval(inputs)
     mx.eval(runtime.run(kernel, inputs, dims, config, **params))
     best = float("inf")
@@ -287,11 +293,32 @@ def logits_check(model: nn.Module, profile: Any, n: int) -> str:
     return f"logits: max |diff| / max |logit| {rel:.2e}; argmax agrees at {agree:.1%} of {n} positions"
 
 
+BOOTSTRAP = 2000
+
+
+def paired_speedup(stock: list[float], patched: list[float]) -> tuple[float, float, float]:
+    """Patched over stock speed from each round's own pair (stock seconds / patched seconds: both ran
+    back to back in that round, so drift between rounds cancels): the median of the rounds' ratios
+    and its 95 % bootstrap interval (rounds resampled)."""
+    import numpy as np
+
+    ratios = np.asarray(stock) / np.asarray(patched)
+    idx = np.random.default_rng(0).integers(0, len(ratios), size=(BOOTSTRAP, len(ratios)))
+    lo, hi = np.percentile(np.median(ratios[idx], axis=1), [2.5, 97.5])
+    return float(np.median(ratios)), float(lo), float(hi)
+
+
+def verdict(lo: float, hi: float) -> str:
+    return "faster" if lo > 1 else "slower" if hi < 1 else "within the noise"
+
+
 def row(label: str, tokens: int, stock: list[float], patched: list[float]) -> str:
     s, p = statistics.median(stock), statistics.median(patched)
     spread = max(max(stock) / min(stock), max(patched) / min(patched)) - 1
+    mid, lo, hi = paired_speedup(stock, patched)
     return (f"  {label:16} stock {tokens / s:10.1f} tok/s   patched {tokens / p:10.1f} tok/s   "
-            f"patched/stock {s / p:6.3f}x   (round spread up to {spread:5.1%}, {len(stock)} rounds each)")
+            f"patched/stock {s / p:6.3f}x   (round spread up to {spread:5.1%}, {len(stock)} rounds each)\n"
+            f"    paired by round: {mid:.3f}x [{lo:.3f}, {hi:.3f}] 95 % -> {verdict(lo, hi)}")
 
 
 def run(args: argparse.Namespace, emit: Callable[[str], None]) -> None:

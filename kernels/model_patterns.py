@@ -184,7 +184,8 @@ def rope(m: nn.Module) -> Site | None:
             return r.own(orig, self, x, offset)
         off = offset.astype(mx.int32).reshape(1) if isinstance(offset, mx.array) \
             else mx.array([int(offset)], mx.int32)
-        return r.run("rope", [x, off], plan(x.shape)[0][1], base=float(self.base))[0]
+        # mlx-lm's attention layers hand rope (batch, heads, L, Dh) transposed from the projections
+        return r.run("rope", [x, off], plan(x.shape)[0][1], base=float(self.base), heads_inner=x.ndim == 4)[0]
     return Site("rope", {"rope": lambda s: len(s) == 3 and s[2] == dims}, f"heads x positions x {dims}",
                 plan, call)
 

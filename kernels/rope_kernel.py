@@ -27,11 +27,14 @@ from .spec import BadShape, Config, GpuBackend, KernelFn, KernelSpec, Shape, Tol
 BASE = 10000.0
 TEST_OFFSET = 5
 
-# Vector i covers pairs [pv*V, pv*V+V) of row r = i / (HALF/V); the row's position is r % L.
+# x is (A, L, G, Dh), row-contiguous, positions on axis 1: (heads, L, 1, Dh) for the catalog's
+# shape, (batch, L, heads, Dh) for the layout models hold (see ``make``). Vector i covers pairs
+# [pv*V, pv*V+V) of row r = i / (HALF/V); the row's position is (r / G) % L.
 BODY = r"""
-  const KF_SIZE nvec = KF_SIZE(x_shape[0]) * KF_SIZE(x_shape[1]) * (HALF / V);
-  const KF_SIZE base = KF_SIZE(KF_GROUP) * (TG * IPT) + KF_TID;
+  const KF_SIZE group = KF_SIZE(x_shape[2]);
   const KF_SIZE seq = KF_SIZE(x_shape[1]);
+  const KF_SIZE nvec = KF_SIZE(x_shape[0]) * seq * group * (HALF / V);
+  const KF_SIZE base = KF_SIZE(KF_GROUP) * (TG * IPT) + KF_TID;
   const float pos0 = float(off[0]);
 #pragma unroll
   for (int s = 0; s < IPT; ++s) {
@@ -39,7 +42,7 @@ BODY = r"""
     if (i < nvec) {
       const KF_SIZE r = i / (HALF / V);
       const unsigned pv = unsigned(i % (HALF / V));
-      const float p = pos0 + float(r % seq);
+      const float p = pos0 + float((r / group) % seq);
       const KF_SIZE lo = r * (2 * HALF) / V + pv;
       kf_vec<T, V> a = kf_vload<V>(x, lo);
       kf_vec<T, V> b = kf_vload<V>(x, lo + HALF / V);
@@ -74,7 +77,14 @@ def space(shape: Shape, dtype: str) -> list[Config]:
     return elementwise.space(half, dtype)
 
 
-def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str, base: float = BASE) -> KernelFn:
+def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str, base: float = BASE,
+         heads_inner: bool = False) -> KernelFn:
+    """``heads_inner``: ``x`` is ``(batch, heads, L, Dh)`` as an attention layer holds it, the
+    transpose of a row-contiguous ``(batch, L, heads, Dh)`` projection; the kernel reads and writes
+    that layout (no copy to make ``x`` row-contiguous) and hands back the same transposed view, the
+    layout ``mx.fast.rope`` hands back and the attention kernel reads fastest. (H100, Llama-3-8B
+    prefill of 2048 tokens: rope of q from a copy 44 us against mx.fast.rope's 31 us; attention
+    with a row-contiguous q 121 us against 83 us with the view.)"""
     Dh = shape[-1]
     half = Dh // 2
     src = source(half, base)
@@ -83,18 +93,18 @@ def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str, base: fl
     def fn(inputs: Sequence[mx.array]) -> list[mx.array]:
         x, off = inputs
         lead = tuple(x.shape)
-        x3 = flat_rows(x, x.shape[-2], Dh)
-        nvec = int(x3.shape[0]) * int(x3.shape[1]) * half // vec
+        x4 = x.transpose(0, 2, 1, 3) if heads_inner else flat_rows(x, x.shape[-2], 1, Dh)
+        nvec = x4.size // (2 * vec)
         groups = max(1, ceil_div(nvec, tg * ipt))
         template = (("T", mx_dtype(dtype)), ("HALF", half), ("V", vec), ("TG", tg), ("IPT", ipt))
         launch = Launch((groups * tg, 1, 1), (tg, 1, 1), template)
-        (out,) = run(src, backend, [x3, off.astype(mx.int32).reshape(1)], launch, [x3.shape], [x.dtype])
-        return [out.reshape(lead)]
+        (out,) = run(src, backend, [x4, off.astype(mx.int32).reshape(1)], launch, [x4.shape], [x.dtype])
+        return [out.transpose(0, 2, 1, 3) if heads_inner else out.reshape(lead)]
 
     return fn
 
 
-def reference(inputs: Sequence[mx.array], base: float = BASE) -> list[mx.array]:
+def reference(inputs: Sequence[mx.array], base: float = BASE, heads_inner: bool = False) -> list[mx.array]:
     x, off = inputs
     L, Dh = int(x.shape[-2]), int(x.shape[-1])
     pos = np.arange(L, dtype=np.float64) + float(np.asarray(off).reshape(-1)[0])
@@ -106,7 +116,8 @@ def reference(inputs: Sequence[mx.array], base: float = BASE) -> list[mx.array]:
     return [mx.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)]
 
 
-def builtin(inputs: Sequence[mx.array], base: float = BASE) -> list[mx.array]:
+def builtin(inputs: Sequence[mx.array], base: float = BASE, heads_inner: bool = False) -> list[mx.array]:
+    # heads_inner (as reference's): a layout only, which mx.fast.rope reads as it is
     x, off = inputs
     return [mx.fast.rope(x, int(x.shape[-1]), traditional=False, base=base, scale=1.0,
                          offset=off.reshape(()).astype(mx.int32))]
