@@ -93,6 +93,8 @@ def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str, base: fl
     def fn(inputs: Sequence[mx.array]) -> list[mx.array]:
         x, off = inputs
         lead = tuple(x.shape)
+        if heads_inner and x.ndim != 4:
+            raise BadShape(f"rope: heads_inner takes (batch, heads, L, head_dim), got {lead}")
         x4 = x.transpose(0, 2, 1, 3) if heads_inner else flat_rows(x, x.shape[-2], 1, Dh)
         nvec = x4.size // (2 * vec)
         groups = max(1, ceil_div(nvec, tg * ipt))

@@ -11,6 +11,7 @@ import pytest
 
 from kernelfleet.kernels import rope_kernel
 from kernelfleet.kernels.catalog import get_spec
+from kernelfleet.kernels.spec import BadShape
 from kernelfleet.kernels.testing.emu_backend import MetalEmuBackend, intercept
 from kernelfleet.kernels.testing.metal_emu import Emulator
 
@@ -73,3 +74,9 @@ def test_the_builtin_and_reference_take_the_layout_flag() -> None:
     b = rope_kernel.builtin([x, off])[0]
     assert mx.array_equal(a, b).item()
     assert mx.abs(a - rope_kernel.reference([x, off], heads_inner=True)[0]).max().item() < 1e-4
+
+
+def test_the_attention_layout_needs_four_dimensions() -> None:
+    fn = rope_kernel.make(_configs()[0], "metal", (6, L, DH), "float32", heads_inner=True)
+    with pytest.raises(BadShape, match="heads_inner takes"):
+        fn([mx.zeros((6, L, DH)), mx.array([0], mx.int32)])
