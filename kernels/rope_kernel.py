@@ -107,6 +107,7 @@ def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str, base: fl
 
 
 def reference(inputs: Sequence[mx.array], base: float = BASE, heads_inner: bool = False) -> list[mx.array]:
+    # heads_inner: a layout only (the values do not depend on it)
     x, off = inputs
     L, Dh = int(x.shape[-2]), int(x.shape[-1])
     pos = np.arange(L, dtype=np.float64) + float(np.asarray(off).reshape(-1)[0])
@@ -119,7 +120,7 @@ def reference(inputs: Sequence[mx.array], base: float = BASE, heads_inner: bool 
 
 
 def builtin(inputs: Sequence[mx.array], base: float = BASE, heads_inner: bool = False) -> list[mx.array]:
-    # heads_inner (as reference's): a layout only, which mx.fast.rope reads as it is
+    # heads_inner: a layout only (the values do not depend on it); mx.fast.rope reads the view as it is
     x, off = inputs
     return [mx.fast.rope(x, int(x.shape[-1]), traditional=False, base=base, scale=1.0,
                          offset=off.reshape(()).astype(mx.int32))]

@@ -24,30 +24,38 @@ def _attention_view(dtype: mx.Dtype) -> mx.array:
     return projected.reshape(B, L, HEADS, DH).transpose(0, 2, 1, 3)  # as mlx-lm's attention does
 
 
-def _configs() -> list[dict[str, int]]:
-    space = get_spec("rope").space((B * HEADS, L, DH), "float32")
-    return [c for c in space if c["ipt"] in (1, 2)][:4]  # several vector widths and unrolls
+def _configs(dtype: str) -> list[dict[str, int]]:
+    """Per vector width, its first config and its first with two items per thread."""
+    space = get_spec("rope").space((B * HEADS, L, DH), dtype)
+    picked: dict[tuple[int, bool], dict[str, int]] = {}
+    for c in space:
+        picked.setdefault((c["vec"], c["ipt"] > 1), c)
+    assert len({vec for vec, _ in picked}) >= 3
+    return list(picked.values())
 
 
 def _check(run: object) -> None:
-    x = _attention_view(mx.float32)
-    off = mx.array([OFFSET], mx.int32)
-    ref = rope_kernel.reference([x, off])[0]
     shape = (B * HEADS, L, DH)
-    for config in _configs():
-        for heads_inner in (True, False):
-            fn = rope_kernel.make(config, "cuda" if run is None else "metal", shape, "float32",
-                                  heads_inner=heads_inner)
-            if run is None:
-                out = fn([x, off])[0]
-                mx.eval(out)
-            else:
-                with intercept(run):  # type: ignore[arg-type]
+    off = mx.array([OFFSET], mx.int32)
+    for dtype, mx_type in (("float32", mx.float32), ("bfloat16", mx.bfloat16)):  # vec up to 4 / 8
+        x = _attention_view(mx_type)
+        ref = rope_kernel.reference([x, off])[0]
+        tol = get_spec("rope").tolerances[dtype]
+        for config in _configs(dtype):
+            for heads_inner in (True, False):
+                fn = rope_kernel.make(config, "cuda" if run is None else "metal", shape, dtype,
+                                      heads_inner=heads_inner)
+                if run is None:
                     out = fn([x, off])[0]
                     mx.eval(out)
-            assert out.shape == x.shape
-            err = mx.abs(out - ref).max().item()
-            assert err < 1e-4, f"{config} heads_inner={heads_inner}: max abs error {err}"
+                else:
+                    with intercept(run):  # type: ignore[arg-type]
+                        out = fn([x, off])[0]
+                        mx.eval(out)
+                assert out.shape == x.shape and out.dtype == mx_type
+                err = mx.abs(out.astype(mx.float32) - ref).max().item()
+                assert err <= tol.atol + tol.rtol * mx.abs(ref).max().item(), \
+                    f"{dtype} {config} heads_inner={heads_inner}: max abs error {err}"
 
 
 def test_rope_reads_the_attention_layout_in_the_metal_emulator() -> None:
@@ -77,6 +85,6 @@ def test_the_builtin_and_reference_take_the_layout_flag() -> None:
 
 
 def test_the_attention_layout_needs_four_dimensions() -> None:
-    fn = rope_kernel.make(_configs()[0], "metal", (6, L, DH), "float32", heads_inner=True)
+    fn = rope_kernel.make(_configs("float32")[0], "metal", (6, L, DH), "float32", heads_inner=True)
     with pytest.raises(BadShape, match="heads_inner takes"):
         fn([mx.zeros((6, L, DH)), mx.array([0], mx.int32)])
