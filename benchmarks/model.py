@@ -237,9 +237,6 @@ def op_seconds(kernel: str, shape: str, dtype: str, config: dict[str, Any], para
     spec = get_spec(kernel)
     dims = parse_shape(shape)
     inputs = spec.make_inputs(dims, dtype, 0)
-    if params.get("heads_inner"):  # rope as attention holds it: (1, heads, L, Dh) over (1, L, heads, Dh)
-        rows, seq, dh = dims
-        inputs = [inputs[0].reshape(1, seq, rows, dh).transpose(0, 2, 1, 3), *inputs[1:]]
     mx.eval(inputs)
     mx.eval(runtime.run(kernel, inputs, dims, config, **params))
     best = float("inf")

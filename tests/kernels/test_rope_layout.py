@@ -84,7 +84,25 @@ def test_the_builtin_and_reference_take_the_layout_flag() -> None:
     assert mx.abs(a - rope_kernel.reference([x, off], heads_inner=True)[0]).max().item() < 1e-4
 
 
-def test_the_attention_layout_needs_four_dimensions() -> None:
-    fn = rope_kernel.make(_configs("float32")[0], "metal", (6, L, DH), "float32", heads_inner=True)
+def test_the_attention_layout_needs_heads_positions_and_head_dim() -> None:
+    fn = rope_kernel.make(_configs("float32")[0], "metal", (1, L, DH), "float32", heads_inner=True)
     with pytest.raises(BadShape, match="heads_inner takes"):
-        fn([mx.zeros((6, L, DH)), mx.array([0], mx.int32)])
+        fn([mx.zeros((L, DH)), mx.array([0], mx.int32)])
+
+
+def test_the_catalog_measures_rope_in_the_attention_layout() -> None:
+    """make_inputs hands the tuner the view attention holds, and the catalog's build reads it in place:
+    the same values as the row-contiguous path, in the emulator."""
+    spec = get_spec("rope")
+    x, off = spec.make_inputs((HEADS, L, DH), "float32", 0)
+    assert x.shape == (1, HEADS, L, DH)  # (batch, heads, L, Dh) as attention holds it
+    backend = MetalEmuBackend(Emulator(seed=0))
+    if not backend.available():
+        pytest.skip("the Metal emulator needs clang++")
+    config = _configs("float32")[-1]
+    with intercept(backend.launch):
+        held = spec.build(config, "metal", (HEADS, L, DH), "float32")([x, off])[0]
+        plain = rope_kernel.make(config, "metal", (HEADS, L, DH), "float32")([mx.contiguous(x), off])[0]
+        mx.eval(held, plain)
+    assert mx.abs(held - plain).max().item() == 0.0
+    assert mx.abs(held - rope_kernel.reference([x, off])[0]).max().item() < 1e-4
