@@ -58,7 +58,9 @@ def bias_gelu(x: mx.array, bias: mx.array) -> mx.array:
 
 def rope(x: mx.array, offset: int | mx.array = 0, base: float = 10000.0) -> mx.array:
     """Rotary embedding of the whole last dim (non-traditional, half split); positions along axis -2
-    start at ``offset`` (an int or a scalar int array)."""
+    start at ``offset`` (an int or a scalar int array). Profiles measure rope on the view attention
+    layers hold (``(B, heads, L, Dh)`` over ``(B, L, heads, Dh)``); ``x`` of any layout takes the same
+    entry, read row-contiguous (a copy where it is not)."""
     shape = (prod(x.shape[:-2]), int(x.shape[-2]), int(x.shape[-1]))
     if isinstance(offset, mx.array):
         off = offset.astype(mx.int32).reshape(1)
