@@ -78,17 +78,23 @@ def child_row(kernel: str, shape: str) -> dict[str, Any]:
             "measured": len(outcome.trials), "device": mx.device_info().get("device_name")}
 
 
+def _model_order(be: Any, spec: Any, dims: Any, dtype: str) -> list[Any]:
+    """The CUDA candidates in the model strategy's order (the built-in first, then its cost model's)."""
+    from kernelfleet.worker.search.model import prior_order
+
+    return prior_order(spec, dims, dtype, be.candidates(spec, dims, dtype))
+
+
 def _start_pool(spec: Any, shape: str) -> str | None:
     """Start the compile pool as an earlier tune would have: compile the model strategy's candidates
     for float16 (another source, so nothing the timed bfloat16 tune needs is cached)."""
     from kernelfleet.worker.backends.registry import get_backend
-    from kernelfleet.worker.search.model import TOP, prior_order
+    from kernelfleet.worker.search.model import TOP
     from kernelfleet.worker.tuner import resolve
 
     be = get_backend("cuda")
     dims = resolve(spec, shape, WARM_DTYPE)
-    chosen = prior_order(spec, dims, WARM_DTYPE, be.candidates(spec, dims, WARM_DTYPE))[: TOP + 1]
-    ahead = be.precompile(spec, chosen, dims, WARM_DTYPE, 1)
+    ahead = be.precompile(spec, _model_order(be, spec, dims, WARM_DTYPE)[: TOP + 1], dims, WARM_DTYPE, 1)
     return None if ahead is None else ahead.result()
 
 
@@ -102,7 +108,7 @@ def child_parts(kernel: str, shape: str) -> dict[str, Any]:
     from kernelfleet.worker.backends.registry import get_backend
     from kernelfleet.worker.chip import detect_chip
     from kernelfleet.worker.golden import golden
-    from kernelfleet.worker.search.model import TOP, prior_order
+    from kernelfleet.worker.search.model import TOP
     from kernelfleet.worker.tuner import get_spec, resolve
 
     clock, out = time.perf_counter, dict[str, Any]()
@@ -116,7 +122,7 @@ def child_parts(kernel: str, shape: str) -> dict[str, Any]:
     reference = spec.reference(inputs)
     mx.eval(inputs, reference)
     out["reference_s"] = clock() - t
-    ordered = prior_order(spec, dims, DTYPE, be.candidates(spec, dims, DTYPE))
+    ordered = _model_order(be, spec, dims, DTYPE)
     chosen, after = ordered[: TOP + 1], ordered[TOP + 1: 2 * TOP + 1]
     for label, configs in (("precompile_cold", chosen[1:]), ("precompile_warm_pool", after)):
         t = clock()

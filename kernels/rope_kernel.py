@@ -117,8 +117,7 @@ def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str, base: fl
     return fn
 
 
-def reference(inputs: Sequence[mx.array], base: float = BASE, heads_inner: bool = False) -> list[mx.array]:
-    # heads_inner: a layout only (the values do not depend on it)
+def reference(inputs: Sequence[mx.array], base: float = BASE) -> list[mx.array]:
     x, off = inputs
     L, Dh = int(x.shape[-2]), int(x.shape[-1])
     pos = np.arange(L, dtype=np.float64) + float(np.asarray(off).reshape(-1)[0])
