@@ -82,9 +82,9 @@ bench-calibration: $(STAMP) ## Prediction confidence vs the observed within-5 % 
 
 .PHONY: bench-model
 MODEL_PROFILE ?= benchmarks/results/model_profile.json
-bench-model: $(STAMP) ## Llama-3-8B / Qwen3-30B-A3B shapes, bf16 + 4-bit: tokens/s stock vs kernelfleet.patch (GPU; TUNE=1 tunes MODEL_PROFILE first)
+bench-model: $(STAMP) ## Llama-3-8B / Qwen3-30B-A3B shapes, bf16 + 4-bit: tokens/s stock vs kernelfleet.patch, with a stock-vs-stock control (GPU; TUNE=1 tunes MODEL_PROFILE first)
 	$(if $(TUNE),$(BIN)/python benchmarks/model.py tune --out $(MODEL_PROFILE))
-	$(BIN)/python benchmarks/model.py run --profile $(MODEL_PROFILE)
+	$(BIN)/python benchmarks/model.py run --profile $(MODEL_PROFILE) --control
 
 BENCH_VENV := .venv-bench
 $(BENCH_VENV)/.installed-stamp: pyproject.toml

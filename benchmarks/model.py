@@ -10,12 +10,18 @@ committed configs in ``tests/data/models/``, with random weights (no weights can
 ``--layers`` decoder layers (default 8 of 32 and 48: the per-layer work is the model's; the embedding
 and LM head weigh more with fewer layers), in bfloat16 and 4-bit (``nn.quantize``, group 64).
 
-``run`` measures, per model and dtype, the stock model and a patched twin (built with the same seed,
-so the same weights; patched once, as a user would, so its per-shape decisions are made in warm-up)
-in interleaved rounds:
+``run`` measures, per model and dtype, one model stock and patched by turns, in interleaved rounds:
+each round times it unpatched and patched (``kernelfleet.patch`` before that side's measurement,
+``kernelfleet.unpatch`` after; the order rotates), so both sides run the same weights in the same
+memory (with a patched twin built from the same seed, ``results/h100_model.txt``'s Llama decode
+batch 1 read 0.953x, slower beyond the noise, where no custom kernel runs at that shape). Each side's
+measurement starts with an untimed call, so the patch's per-shape decisions (made on a patched
+module's first call at a shape) and MLX's graph caches are warm; the garbage collector is off while
+a side is timed. ``--control`` adds a third side per round, the stock model again: its paired ratio
+against the first stock side is this pairing's own noise, printed beside each row.
 
 - prefill tokens/s at each ``--prefill`` length (batch 1, fresh KV cache; each forward's graph is
-  built before the GPU starts; a round is the mean of 4 prefills);
+  built before the GPU starts; a round is the mean of 4 prefills after an untimed one);
 - decode tokens/s at each ``--decode`` batch: ``--steps`` one-token steps after a ``--context``-token
   prefill, with a KV cache, in mlx-lm's own decode loop (``generate_step``: the next step is built
   and queued while the GPU runs this one); tokens/s counts every sequence of the batch;
@@ -46,6 +52,7 @@ on a bare GPU host (copy ``kernels`` and ``worker`` into a ``kernelfleet`` folde
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import importlib
 import json
@@ -183,8 +190,10 @@ PREFILLS_PER_ROUND = 4  # one prefill of 512 tokens is 4-6 ms on an H200: a roun
 
 
 def prefill_s(model: nn.Module, n: int) -> float:
-    """Seconds per prefill of ``n`` tokens (each a fresh KV cache), the mean of a round's prefills."""
+    """Seconds per prefill of ``n`` tokens (each a fresh KV cache), the mean of a round's prefills
+    after an untimed one."""
     tokens = mx.random.randint(0, TOKEN_IDS, (1, n), key=mx.random.key(n))
+    timed(lambda: model(tokens, cache=make_prompt_cache(model)))
     return sum(timed(lambda: model(tokens, cache=make_prompt_cache(model)))
                for _ in range(PREFILLS_PER_ROUND)) / PREFILLS_PER_ROUND
 
@@ -199,7 +208,7 @@ def primed(model: nn.Module, batch: int, context: int) -> list[Any]:
 def decode_s(model: nn.Module, batch: int, context: int, steps: int) -> float:
     """Seconds per step of mlx-lm's decode loop (``generate_step``): the next step's graph is built
     and queued (``mx.async_eval``) while the GPU runs this one, so host time hides behind GPU time
-    where there is GPU time to hide behind."""
+    where there is GPU time to hide behind. The first step is untimed."""
     cache = primed(model, batch, context)
 
     def step(token: mx.array) -> mx.array:
@@ -207,6 +216,8 @@ def decode_s(model: nn.Module, batch: int, context: int, steps: int) -> float:
         return mx.argmax(logits[:, -1, :], axis=-1).astype(mx.int32)[:, None]
 
     y = step(mx.zeros((batch, 1), mx.int32))
+    mx.eval(y)
+    y = step(y)
     mx.async_eval(y)
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -218,18 +229,45 @@ def decode_s(model: nn.Module, batch: int, context: int, steps: int) -> float:
     return (time.perf_counter() - t0) / steps
 
 
-def side_by_side(stock_model: nn.Module, patched_model: nn.Module,
-                 measure: Callable[[nn.Module], float], rounds: int) -> tuple[list[float], list[float]]:
-    """Interleaved rounds of the stock model and its patched twin (the same weights, patched once, as a
-    user would: each patched module's per-shape decisions are made on its first call, in warm-up)."""
-    stock, patched = [], []
-    measure(stock_model)  # warm-up
-    measure(patched_model)  # warm-up: builds its kernels, makes its decisions
-    for r in range(rounds):
-        order = ((stock_model, stock), (patched_model, patched))
-        for model, times in (order if r % 2 == 0 else order[::-1]):
-            times.append(measure(model))
-    return stock, patched
+def without_gc(measure: Callable[[], float]) -> float:
+    gc.collect()
+    gc.disable()
+    try:
+        return measure()
+    finally:
+        gc.enable()
+
+
+STOCK, PATCHED, CONTROL = "stock", "patched", "stock again"
+Sides = dict[str, Callable[[nn.Module], Any] | None]  # side -> how to patch the model for it (None: stock)
+
+
+def sides(profile: Any, control: bool) -> Sides:
+    out: Sides = {STOCK: None, PATCHED: lambda m: model_patch.patch(m, profile)}
+    if control:
+        out[CONTROL] = None
+    return out
+
+
+def side_by_side(model: nn.Module, plan: Sides, measure: Callable[[nn.Module], float],
+                 rounds: int) -> dict[str, list[float]]:
+    """Interleaved rounds on one model, each side patched as ``plan`` says just before it is timed and
+    unpatched after. The order rotates round by round, so each side takes each place in a round equally
+    often over a multiple of the number of sides: no side is always timed first, last or between."""
+    names = list(plan)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds + 1):  # round 0 warms up: MLX builds its kernels, the patch its decisions
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            patch = plan[name]
+            if patch is not None:
+                patch(model)
+            try:
+                t = without_gc(lambda: measure(model))
+            finally:
+                model_patch.unpatch(model)
+            if r:
+                times[name].append(t)
+    return times
 
 
 def op_seconds(kernel: str, shape: str, dtype: str, config: dict[str, Any], params: dict[str, Any],
@@ -309,13 +347,19 @@ def verdict(lo: float, hi: float) -> str:
     return "faster" if lo > 1 else "slower" if hi < 1 else "within the noise"
 
 
-def row(label: str, tokens: int, stock: list[float], patched: list[float]) -> str:
+def row(label: str, tokens: int, times: dict[str, list[float]]) -> str:
+    stock, patched = times[STOCK], times[PATCHED]
     s, p = statistics.median(stock), statistics.median(patched)
     spread = max(max(stock) / min(stock), max(patched) / min(patched)) - 1
     mid, lo, hi = paired_speedup(stock, patched)
-    return (f"  {label:16} stock {tokens / s:10.1f} tok/s   patched {tokens / p:10.1f} tok/s   "
-            f"patched/stock {s / p:6.3f}x   (round spread up to {spread:5.1%}, {len(stock)} rounds each)\n"
-            f"    paired by round: {mid:.3f}x [{lo:.3f}, {hi:.3f}] 95 % -> {verdict(lo, hi)}")
+    out = (f"  {label:16} stock {tokens / s:10.1f} tok/s   patched {tokens / p:10.1f} tok/s   "
+           f"patched/stock {s / p:6.3f}x   (round spread up to {spread:5.1%}, {len(stock)} rounds each)\n"
+           f"    paired by round: {mid:.3f}x [{lo:.3f}, {hi:.3f}] 95 % -> {verdict(lo, hi)}")
+    if CONTROL in times:
+        mid, lo, hi = paired_speedup(stock, times[CONTROL])
+        out += (f"\n    control, stock against stock: {mid:.3f}x [{lo:.3f}, {hi:.3f}] 95 % -> "
+                f"{verdict(lo, hi)}")
+    return out
 
 
 def run(args: argparse.Namespace, emit: Callable[[str], None]) -> None:
@@ -335,31 +379,31 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> None:
             emit(f"\n{config['model_type']} ({config['num_hidden_layers']} layers, hidden "
                  f"{config['hidden_size']}, {'4-bit' if quantized else args.dtype})")
             model = build(config, quantized, args.dtype)
-            measure_model(model, build(config, quantized, args.dtype), keys, profile, view, args, emit)
+            measure_model(model, keys, profile, view, args, emit)
             del model
 
 
 
-def measure_model(model: nn.Module, twin: nn.Module, keys: list, profile: Any, view: Any,
-                  args: argparse.Namespace, emit: Callable[[str], None]) -> None:
-    """``twin``: a second model with the same weights, patched here for the side-by-side rounds."""
-    report = model_patch.patch(twin, profile)
+def measure_model(model: nn.Module, keys: list, profile: Any, view: Any, args: argparse.Namespace,
+                  emit: Callable[[str], None]) -> None:
+    report = model_patch.patch(model, profile)
+    model_patch.unpatch(model)
     emit("\n".join("  " + line for line in str(report).splitlines()))
     emit("  " + logits_check(model, profile, max(args.prefill)))
     for n in args.prefill:
-        stock, patched = side_by_side(model, twin, lambda m, n=n: prefill_s(m, n), args.rounds)
-        emit(row(f"prefill {n}", n, stock, patched))
+        times = side_by_side(model, sides(profile, args.control), lambda m, n=n: prefill_s(m, n), args.rounds)
+        emit(row(f"prefill {n}", n, times))
         tokens = mx.random.randint(0, TOKEN_IDS, (1, n), key=mx.random.key(n))
         emit("    " + amdahl(model, keys, view, lambda t=tokens: model(t, cache=make_prompt_cache(model)),
-                             statistics.median(stock), args.launches))
+                             statistics.median(times[STOCK]), args.launches))
     for b in args.decode:
-        stock, patched = side_by_side(
-            model, twin, lambda m, b=b: decode_s(m, b, args.context, args.steps), args.rounds)
-        emit(row(f"decode batch {b}", b, stock, patched))
+        times = side_by_side(model, sides(profile, args.control),
+                             lambda m, b=b: decode_s(m, b, args.context, args.steps), args.rounds)
+        emit(row(f"decode batch {b}", b, times))
         cache = primed(model, b, args.context)
         step = mx.zeros((b, 1), mx.int32)
         emit("    " + amdahl(model, keys, view, lambda c=cache, t=step: model(t, cache=c),
-                             statistics.median(stock), args.launches))
+                             statistics.median(times[STOCK]), args.launches))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -375,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, help="tokens in the cache before decode steps (default 512)")
     p.add_argument("--steps", type=int, help="decode steps timed per round (default 128)")
     p.add_argument("--rounds", type=int, help="interleaved rounds per mode (default 7)")
+    p.add_argument("--control", action="store_true",
+                   help="time the stock model a second time each round: the pairing's own noise per row")
     p.add_argument("--launches", type=int, help="op launches per timing in the Amdahl estimate (default 50)")
     p.add_argument("--profile", help="a KernelFleet profile file (kernelfleet pull, or `tune`); "
                    "--tiny without one: every planned call at its kernel's default config")

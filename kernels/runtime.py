@@ -15,9 +15,9 @@ from __future__ import annotations
 import importlib
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache, lru_cache, partial
 from typing import Any
 
 import mlx.core as mx
@@ -111,41 +111,36 @@ def dispatch(name: str, inputs: Sequence[mx.array], shape: Shape, dtype_of: int 
     """Run kernel ``name`` on ``inputs``; ``shape`` is the kernel's canonical shape for them."""
     mod = _module(name)
     spec = mod.SPEC
-    dtype = dtype_name(inputs[dtype_of].dtype) if inputs[dtype_of].dtype in (
-        mx.float32, mx.float16, mx.bfloat16) else ""
-    backend = gpu_backend()
-    if backend is None or dtype not in spec.dtypes:
+    dtype = _dtype(inputs[dtype_of])
+    if gpu_backend() is None or dtype not in spec.dtypes:
         return list(mod.builtin(inputs, **params))
     try:
         spec.validate_shape(shape)
         config = choose_config(name, shape, dtype)
     except BadShape:
         return list(mod.builtin(inputs, **params))
-    return _run(name, inputs, shape, dtype, config, backend, params)
+    return resolve(name, shape, dtype, config, params)(inputs)
 
 
 def run(name: str, inputs: Sequence[mx.array], shape: Shape, config: Config, **params: Any) -> list[mx.array]:
     """Run kernel ``name`` with ``config`` as chosen by the caller (e.g. from a profile the caller holds:
     :mod:`kernelfleet.kernels.model_patch`); the built-in where ``config`` is it, on a backend without
     custom kernels (CPU), or for a dtype the kernel does not take."""
+    return resolve(name, shape, _dtype(inputs[0]), config, params)(inputs)
+
+
+Runner = Callable[[Sequence[mx.array]], list[mx.array]]
+
+
+def resolve(name: str, shape: Shape, dtype: str, config: Config, params: dict[str, Any]) -> Runner:
+    """What :func:`run` would call for these arguments (``dtype``: the first input's, as
+    :func:`kernelfleet.kernels.common.dtype_name` gives it, "" for other dtypes), resolved once: a
+    caller that makes the same call many times (a patched model's module) keeps it and skips the
+    per-call lookups, which are host time on every call of a forward."""
     mod = _module(name)
-    dtype = dtype_name(inputs[0].dtype) if inputs[0].dtype in (mx.float32, mx.float16, mx.bfloat16) else ""
     backend = gpu_backend()
-    if backend is None or dtype not in mod.SPEC.dtypes:
-        return list(mod.builtin(inputs, **params))
-    return _run(name, inputs, shape, dtype, config, backend, params)
-
-
-def builtin(name: str, inputs: Sequence[mx.array], **params: Any) -> list[mx.array]:
-    """The MLX built-in variant of kernel ``name``."""
-    return list(_module(name).builtin(inputs, **params))
-
-
-def _run(name: str, inputs: Sequence[mx.array], shape: Shape, dtype: str, config: Config,
-         backend: GpuBackend, params: dict[str, Any]) -> list[mx.array]:
-    mod = _module(name)
-    if config == BUILTIN:
-        return list(mod.builtin(inputs, **params))
+    if backend is None or dtype not in mod.SPEC.dtypes or config == BUILTIN:
+        return partial(_builtin, mod.builtin, params)
     pkey: Params = tuple(sorted(params.items()))
     key = (name, config_key(config), dtype, tuple(shape), pkey, backend)
     fn = _built.get(key)
@@ -156,7 +151,21 @@ def _run(name: str, inputs: Sequence[mx.array], shape: Shape, dtype: str, config
             _built.popitem(last=False)
     else:
         _built.move_to_end(key)
-    return fn(inputs)
+    return fn
+
+
+def _builtin(fn: Callable[..., Sequence[mx.array]], params: dict[str, Any], inputs: Sequence[mx.array]
+             ) -> list[mx.array]:
+    return list(fn(inputs, **params))
+
+
+def _dtype(x: mx.array) -> str:
+    return dtype_name(x.dtype) if x.dtype in (mx.float32, mx.float16, mx.bfloat16) else ""
+
+
+def builtin(name: str, inputs: Sequence[mx.array], **params: Any) -> list[mx.array]:
+    """The MLX built-in variant of kernel ``name``."""
+    return list(_module(name).builtin(inputs, **params))
 
 
 def clear_caches() -> None:

@@ -15,7 +15,7 @@ pytest.importorskip("mlx_lm")
 RUN = """
 import runpy, sys
 sys.argv = ["model.py", "run", "--tiny", "--dtypes", "bf16,4bit", "--rounds", "1", "--prefill", "16",
-            "--decode", "2"]
+            "--decode", "2", "--control"]
 try:
     runpy.run_path({path!r}, run_name="__main__")
 except SystemExit as e:
@@ -37,6 +37,7 @@ def test_tiny_run_end_to_end() -> None:
         assert model in out
     assert out.count("prefill 16 ") == 4 and out.count("decode batch 2 ") == 4
     assert out.count("patched/stock") == 8 and out.count("replaced ops") == 8
+    assert out.count("control, stock against stock: ") == 8
     assert out.count("argmax agrees at 100.0%") == 4
     assert "moe router + combine" in out and "swiglu (experts)" in out
     assert out.count("modules patched, 0 kept") == 4  # tiny mode's profile: every planned call custom

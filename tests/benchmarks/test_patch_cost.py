@@ -1,0 +1,50 @@
+"""benchmarks/patch_cost.py end to end on CPU with a tiny Llama config: the op timed three ways, the
+forward with each side against stock, and the decode step's host time, under cProfile too (on CPU
+the custom path runs the catalog's built-ins; the GPU figures are in benchmarks/results)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from . import BENCHMARKS
+
+pytest.importorskip("mlx_lm")
+
+TINY_LLAMA = {"model_type": "llama", "hidden_size": 128, "num_hidden_layers": 2, "intermediate_size": 256,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 256,
+              "rope_theta": 500000.0, "tie_word_embeddings": False}
+
+
+@pytest.mark.slow
+def test_patch_cost_runs_every_section(tmp_path: Path) -> None:
+    from kernelfleet.kernels import profile_file
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY_LLAMA))
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"schema": profile_file.SCHEMA, "chip": "test", "entries": [
+        {"kernel": "add_rmsnorm", "shape": f"{rows}x128", "dtype": "bfloat16",
+         "config": {"rpg": 1, "tg": 128, "vec": 1}, "median_us": 100.0, "speedup": 2.0}
+        for rows in (16, 32)]}))
+    out = tmp_path / "report.txt"
+    r = subprocess.run([sys.executable, str(BENCHMARKS / "patch_cost.py"), "--profile", str(profile),
+                        "--config", str(config), "--rows", "16", "--prefill", "16", "--decode", "2",
+                        "--context", "16", "--steps", "4", "--rounds", "2", "--launches", "4",
+                        "--cprofile", "5", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = out.read_text()
+    assert report == r.stdout
+    assert "add_rmsnorm (1, 16, 128) bfloat16" in report
+    assert "x + r; mx.fast.rms_norm (mlx-lm's block)" in report
+    assert "custom {'rpg': 1, 'tg': 128, 'vec': 1}" in report  # the profile's pick at 16 rows
+    for row in ("prefill 16: stock", "decode batch 2: stock"):
+        assert row in report
+    assert report.count("    patched ") == 2 and report.count("    routed, built-ins ") == 2
+    assert "decode batch 2: host time to build one step's graph, median of 2 rounds: stock" in report
+    assert "decode batch 2, patched, 32 steps" in report and "function calls" in report
