@@ -60,12 +60,12 @@ bench-launch-floor: $(STAMP) ## Round length and mx.compile vs per-launch median
 bench-predict: $(STAMP) ## Held-out config predictions on the committed GPU reports (+ their side-by-side runs)
 	$(BIN)/python benchmarks/predict.py
 
-CROSS_CHIP ?= h200
-CROSS_CHIP_RUNS ?= $(wildcard benchmarks/results/$(CROSS_CHIP)_cross_chip.jsonl benchmarks/results/$(CROSS_CHIP)_cross_chip_run*[0-9].jsonl)
-bench-cross-chip: $(STAMP) ## Cross-chip profile (CROSS_CHIP=h200 from H100 reports) vs tuned on that GPU; PLAN=1 re-plans
+CROSS_CHIP ?= h100
+CROSS_CHIP_RUNS ?= $(wildcard benchmarks/results/$(CROSS_CHIP)_transfer.jsonl benchmarks/results/$(CROSS_CHIP)_transfer_run*[0-9].jsonl)
+bench-cross-chip: $(STAMP) ## Cross-chip profile (CROSS_CHIP=h100 from H200 reports) vs tuned on that GPU; PLAN=1 re-plans
 	$(if $(PLAN),$(BIN)/python benchmarks/cross_chip.py plan --target $(CROSS_CHIP))
-	$(BIN)/python benchmarks/cross_chip.py score --jobs benchmarks/results/$(CROSS_CHIP)_cross_chip_jobs.jsonl \
-	  $(CROSS_CHIP_RUNS) --out benchmarks/results/$(CROSS_CHIP)_cross_chip.txt
+	$(BIN)/python benchmarks/cross_chip.py score --jobs benchmarks/results/$(CROSS_CHIP)_transfer_jobs.jsonl \
+	  $(CROSS_CHIP_RUNS) --out benchmarks/results/$(CROSS_CHIP)_transfer.txt
 
 bench-dashboard: $(STAMP) ## Dashboard page server times over 1,000,000 stored trials
 	$(BIN)/python benchmarks/dashboard.py

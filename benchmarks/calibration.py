@@ -5,8 +5,9 @@
 The reports are stored the coordinator's way (a temporary SQLite database, ``store_report``, which
 fills ``config_stats``), and the observations a profile build sees are read back from the stats
 (:func:`kernelfleet.service.aggregates.current_rows`). Then :mod:`kernelfleet.service.calibration`
-holds out each measured (chip, kernel, shape, dtype) in turn and predicts it from the rest, in both
-modes (``own``: the chip's other shapes too; ``cross``: other chips only).
+holds out each measured (chip, kernel, shape, dtype) in turn and predicts it from the rest, in each
+mode (``own``: the chip's other shapes too; ``cross``: other chips only; ``transfer``: another chip's
+measured pick at the very shape, scored by its margin over the built-in).
 
 Two tables:
 
@@ -31,7 +32,7 @@ from kernelfleet.service.calibration import Sample
 from kernelfleet.service.db import immediate, make_engine, make_sessionmaker
 from kernelfleet.service.migrate import upgrade
 from kernelfleet.service.models import ConfigStat
-from kernelfleet.service.predict import Prediction
+from kernelfleet.service.predict import Observations, Picks, Prediction
 from kernelfleet.service.reports import store_report
 from kernelfleet.service.schemas import TuningReport
 
@@ -44,8 +45,9 @@ THRESHOLD = 0.8
 CONF_BINS = (0.0, 0.5, 0.6, 0.7, 0.8, 0.9, 1.01)
 
 
-def observations(paths: list[Path]) -> dict[str, dict[str, dict[tuple[str, str, str], dict[str, float]]]]:
-    """backend -> chip -> table, read back from config_stats after storing every report."""
+def observations(paths: list[Path]) -> dict[str, tuple[Observations, Picks]]:
+    """backend -> (chip -> table, the chips' measured picks), read back from config_stats after storing
+    every report."""
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{tmp}/calibration.db"
         upgrade(url)
@@ -60,9 +62,9 @@ def observations(paths: list[Path]) -> dict[str, dict[str, dict[tuple[str, str, 
         with factory() as session:
             for backend in sorted(set(session.scalars(ConfigStat.__table__.select().with_only_columns(
                     ConfigStat.backend).distinct()))):
-                tables, _ = profiles.observations(
+                tables, evidence = profiles.observations(
                     aggregates.current_rows(session, ConfigStat.backend == backend))
-                out[backend] = tables
+                out[backend] = (tables, profiles.measured_picks(evidence, backend))
         engine.dispose()
     return out
 
@@ -72,7 +74,8 @@ def fold(s: Sample) -> int:
 
 
 def as_pick(s: Sample) -> Prediction:
-    return Prediction(config_key="", median_us=0.0, speedup=None, score=s.score, cross_chip=s.mode == "cross")
+    return Prediction(config_key="", median_us=0.0, speedup=None, score=s.score, cross_chip=s.mode != "own",
+                      transfer=s.mode == "transfer")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,17 +85,17 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     paths = args.files or [RESULTS / f for f in GPU_FILES]
     lines = [f"Prediction confidence calibration on held-out data ({', '.join(p.name for p in paths)})", ""]
-    for backend, tables in observations(paths).items():
+    for backend, (tables, picks) in observations(paths).items():
         if backend == "cpu":
             continue
-        samples = calibration.held_out(tables, profiles._validator)
+        samples = calibration.held_out(tables, profiles._validator, picks=picks)
         chips = ", ".join(f"{c} ({len(t)} series)" for c, t in sorted(tables.items()))
         lines += [f"backend {backend}: {chips}; {len(samples)} held-out predictions", "",
                   "1. calibration (all samples): score bin -> observed within-5 % rate",
-                  f"  {'mode':<6} {'score':<10} {'n':>4} {'hits':>5} {'confidence':>10}"]
+                  f"  {'mode':<8} {'score':<10} {'n':>4} {'hits':>5} {'confidence':>10}"]
         for b in calibration.bins(samples):
             if b["n"]:
-                lines.append(f"  {b['mode']:<6} {b['lo']:.1f}-{b['hi']:.1f}    {b['n']:>4} {b['hits']:>5} "
+                lines.append(f"  {b['mode']:<8} {b['lo']:.1f}-{b['hi']:.1f}    {b['n']:>4} {b['hits']:>5} "
                              f"{b['rate']:>10.3f}")
         scored = []
         for k in (0, 1):

@@ -1,29 +1,32 @@
 """Cross-chip prediction, on the GPU: a profile for one GPU kind built from the other kind's reports
 only, scored side by side against configs tuned on that GPU in the same run (issue 12).
 
-    python benchmarks/cross_chip.py plan --target h200     # CPU -> results/h200_cross_chip_jobs.jsonl
+    python benchmarks/cross_chip.py plan --target h100     # CPU -> results/h100_transfer_jobs.jsonl
     # on the GPU host, after `source .mlxcuda/b/setup.sh`, with kernels/ and worker/ copied to
-    # /tmp/kf/kernelfleet and PYTHONPATH=/tmp/kf:$PYTHONPATH (as benchmarks/multi_gpu.sh does); six
-    # kernels per call (~4 min each on an H200: ~1.5 min of parallel NVRTC compiles, then the turns):
-    python3 benchmarks/cross_chip.py run --jobs benchmarks/results/h200_cross_chip_jobs.jsonl \
-        --outdir $OUT --tag h200 --kernels rmsnorm,add_rmsnorm,layernorm,swiglu,geglu,rope
-    python3 benchmarks/cross_chip.py run ... --kernels softmax,logsumexp,bias_gelu,topk_gating_softmax,\
-        moe_combine,int4_dequantize
-    # anywhere: one result file per run (the first is tabled)
-    python benchmarks/cross_chip.py score --jobs results/h200_cross_chip_jobs.jsonl \
-        results/h200_cross_chip.jsonl results/h200_cross_chip_run2.jsonl --out results/h200_cross_chip.txt
+    # /tmp/kf/kernelfleet and PYTHONPATH=/tmp/kf:$PYTHONPATH (as benchmarks/multi_gpu.sh does); a few
+    # kernels per call (NVRTC compiles every unit's candidates in parallel first: 2-4 kernels, 3-8
+    # minutes on an H100; 6 kernels did not get past compiling in 8):
+    python3 benchmarks/cross_chip.py run --jobs benchmarks/results/h100_transfer_jobs.jsonl \
+        --outdir $OUT --tag h100_transfer --kernels rope,topk_gating_softmax
+    # anywhere: one result file per run (the first is tabled; a run's calls appended into one file)
+    python benchmarks/cross_chip.py score --jobs results/h100_transfer_jobs.jsonl \
+        results/h100_transfer.jsonl --out results/h100_transfer.txt
 
-**plan** (needs the coordinator's packages: SQLAlchemy, pydantic) loads the committed reports
-(``benchmarks/results/*_tuning.jsonl``, files named ``*cross_chip*`` excluded: those are this
-benchmark's own output) of the *source* GPU only into a temporary SQLite database through the
-service's own code (``db upgrade``, ``reports.store_report`` with the import route's digest
-de-duplication), calibrates (``profile_builder.calibrate``) and builds the *target* chip's profile
-(``profiles.build_body(..., threshold=0.8, allow_predicted=True)``); the target chip has no result
-in that database, so every entry is predicted. It also builds the body at threshold 0 (the
-predictor's picks without the confidence gate; the speedup gate stays) and takes the source chip's
-own measured entry at the same shape. Entries: the catalog's standard bfloat16 shapes (decode and
-large) of every kernel, 48 (kernel, shape) pairs: the shapes users call, and a set that one GPU
-session can tune in full. One job line per entry; the first line holds the calibration bins.
+**plan** (needs the coordinator's packages: SQLAlchemy, pydantic) loads the committed reports of both
+GPUs (``benchmarks/results/*_tuning.jsonl``) into temporary SQLite databases through the service's own
+code (``db upgrade``, ``reports.store_report`` with the import route's digest de-duplication), and,
+**leaving one kernel out**, for each kernel K: deletes the target chip's stats of K, calibrates
+(``profile_builder.calibrate``) and builds the target chip's profile (``profiles.build_body(...,
+threshold=0.8, allow_predicted=True)``), keeping K's entries. So every entry is predicted from the
+source chip's results alone (a *transfer* where the source measured the very shape: its measured
+pick), and its confidence is calibrated on held-out predictions that never saw the target's K: among
+them the transfers between the two chips on the other kernels (the target's earlier tunes). With no
+target result at all (``cold``), there is no transfer to calibrate on and every entry falls back: the
+count is in the meta line. It also builds the body at threshold 0 (the predictor's picks without the
+confidence gate; the speedup gate stays) and takes the source chip's own measured entry at the same
+shape. Entries: the catalog's standard bfloat16 shapes (decode and large) of every kernel, 48
+(kernel, shape) pairs: the shapes users call, and a set that one GPU session can tune in full. One
+job line per entry; the first line holds the meta (the folds' calibration bins).
 
 **run** (GPU) tunes every job's shape on this GPU (successive halving, the worker's tuner; the
 built-in is a candidate), then times side by side, in the same process, interleaved round by round
@@ -32,7 +35,8 @@ the profile's entry, the ungated pick, the source chip's own entry and the built
 each custom candidate once per process (~1.5 s), so the work is cut into units that share compiled
 code (``session.units``), one process per unit: all compile in parallel, then the units take turns
 on the GPU one at a time (``session.Turns``). A unit whose turn starts only at the deadline (beside
-others) times nothing and says so.
+others) times nothing and says so. Output: ``TAG.jsonl`` (appended: a run cut into several calls is
+one file) and the tunes as reports, ``TAG_tuning.jsonl`` (a later plan's data).
 
 **score** compares each entry with the tuned best's median from the same side-by-side rounds:
 within 5 % or not; and with the built-in: *slower beyond the noise* when its median is more than
@@ -81,7 +85,9 @@ def log(msg: str) -> None:
 
 
 def source_files(results: Path = RESULTS) -> list[Path]:
-    return sorted(p for p in results.glob("*_tuning.jsonl") if "cross_chip" not in p.name)
+    """Every committed tuning report file (the benchmark's own earlier runs included: a target chip's
+    earlier tunes of *other* kernels are what its confidence is calibrated on)."""
+    return sorted(results.glob("*_tuning.jsonl"))
 
 
 def catalog_entries() -> list[tuple[str, str]]:
@@ -93,22 +99,49 @@ def catalog_entries() -> list[tuple[str, str]]:
             for s in get_spec(name).shapes.get(kind, [])]
 
 
-def build_profiles(source: str, target: str, files: Sequence[Path]) -> dict[str, Any]:
-    """The target chip's profile bodies (threshold 0.8 and 0) and the source chip's own, from the
-    source chip's reports only, built by the service's code on a temporary SQLite database."""
+def build_profiles(source: str, target: str, files: Sequence[Path], kernels: Sequence[str]) -> dict[str, Any]:
+    """The target chip's entries (threshold 0.8 and 0) of each of ``kernels`` from the source chip's
+    reports only, and the source chip's own profile, built by the service's code on temporary SQLite
+    databases. Leave one kernel out: for kernel K, the database holds every source report and the
+    target's earlier reports of the other kernels, so K's entries are predicted from the source alone
+    while the calibration (``profile_builder.calibrate``: held-out predictions, transfers between the
+    two chips among them) never sees the target's K. ``cold``: the same with no target report at all."""
+    import shutil
+
+    from sqlalchemy import delete
+
     from kernelfleet.service import profile_builder, profiles
     from kernelfleet.service.db import immediate, make_engine, make_sessionmaker
     from kernelfleet.service.migrate import upgrade
+    from kernelfleet.service.models import ConfigStat
     from kernelfleet.service.reports import store_report
     from kernelfleet.service.schemas import TuningReport
     from kernelfleet.service.settings import Settings
 
-    with tempfile.TemporaryDirectory() as tmp:
-        url = f"sqlite:///{tmp}/cross_chip.db"
-        upgrade(url)
+    def bodies(url: str, drop: Any) -> tuple[Any, Any, Any, Any]:
+        """(calibration, gated body, ungated body, source body) with ``drop``'s stats rows deleted."""
         engine = make_engine(url)
         factory = make_sessionmaker(engine)
-        stored, duplicates, other = 0, 0, 0
+        with factory() as session, immediate(session):
+            session.execute(delete(ConfigStat).where(drop))
+        cal = profile_builder.calibrate(factory, "cuda", Settings(database_url=url))
+        with factory() as session:
+            out = (cal, profiles.build_body(session, target, None, threshold=THRESHOLD, allow_predicted=True),
+                   profiles.build_body(session, target, None, threshold=0.0, allow_predicted=True),
+                   profiles.build_body(session, source, None, threshold=THRESHOLD))
+        engine.dispose()
+        return out
+
+    def bins(cal: Any) -> dict[str, Any]:
+        return {"samples": cal.samples if cal else 0, "bins": list(cal.bins) if cal else []}
+
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "base.db"
+        upgrade(f"sqlite:///{base}")
+        engine = make_engine(f"sqlite:///{base}")
+        factory = make_sessionmaker(engine)
+        stored: dict[str, int] = {}
+        duplicates, other = 0, 0
         per_file: dict[str, int] = {}
         digests: set[str] = set()
         with factory() as session, immediate(session):
@@ -117,7 +150,8 @@ def build_profiles(source: str, target: str, files: Sequence[Path]) -> dict[str,
                     if not line.strip():
                         continue
                     data = json.loads(line)
-                    if data["env"]["chip"] != source:
+                    chip = data["env"]["chip"]
+                    if chip not in (source, target):
                         other += 1
                         continue
                     report = TuningReport.model_validate(data)
@@ -127,18 +161,31 @@ def build_profiles(source: str, target: str, files: Sequence[Path]) -> dict[str,
                         continue
                     digests.add(digest)
                     store_report(session, report, source="import")
-                    stored += 1
+                    stored[chip] = stored.get(chip, 0) + 1
                     per_file[path.name] = per_file.get(path.name, 0) + 1
-        settings = Settings(database_url=url)
-        cal = profile_builder.calibrate(factory, "cuda", settings)
-        with factory() as session:
-            gated = profiles.build_body(session, target, None, threshold=THRESHOLD, allow_predicted=True)
-            ungated = profiles.build_body(session, target, None, threshold=0.0, allow_predicted=True)
-            own = profiles.build_body(session, source, None, threshold=THRESHOLD)
         engine.dispose()
+        gated: list[dict[str, Any]] = []
+        ungated: list[dict[str, Any]] = []
+        folds: dict[str, Any] = {}
+        own = None
+        for i, kernel in enumerate([*kernels, None]):
+            url = f"sqlite:///{tmp}/fold{i}.db"
+            shutil.copy(base, url.removeprefix("sqlite:///"))
+            drop = ConfigStat.chip == target
+            if kernel is not None:
+                drop = drop & (ConfigStat.kernel == kernel)
+            cal, g, u, own = bodies(url, drop)
+            if kernel is None:
+                cold = {"calibration": bins(cal), "counts": (g or {}).get("counts"),
+                        "ungated_counts": (u or {}).get("counts")}
+                continue
+            folds[kernel] = bins(cal)
+            for body, into in ((g, gated), (u, ungated)):
+                into += [e for e in (body or {}).get("entries", [])
+                         if e["kernel"] == kernel and e["predicted"]]
     return {"stored": stored, "duplicates": duplicates, "other_chips": other, "per_file": per_file,
-            "calibration": {"samples": cal.samples if cal else 0, "bins": list(cal.bins) if cal else []},
-            "gated": gated, "ungated": ungated, "own": own}
+            "folds": folds, "cold": cold, "gated": {"entries": gated}, "ungated": {"entries": ungated},
+            "own": own}
 
 
 def plan_jobs(built: dict[str, Any], entries: Sequence[tuple[str, str]], dtype: str = DTYPE
@@ -182,27 +229,31 @@ def _default_key(kernel: str, shape: str) -> str | None:
 
 
 def plan(target: str, out: Path, results: Path = RESULTS) -> int:
+    from kernelfleet.service.profiles import counts
+
     target_chip = CHIPS[target]
     source = next(k for k in CHIPS if k != target)
     files = source_files(results)
-    built = build_profiles(CHIPS[source], target_chip, files)
-    jobs = plan_jobs(built, catalog_entries())
+    entries = catalog_entries()
+    built = build_profiles(CHIPS[source], target_chip, files, list(dict.fromkeys(k for k, _ in entries)))
+    jobs = plan_jobs(built, entries)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--", "service"], capture_output=True, text=True,
                            cwd=Path(__file__).parent).stdout.strip()
     meta = {"type": "meta", "target": target_chip, "source": CHIPS[source], "threshold": THRESHOLD,
             "files": [p.name for p in files], "stored": built["stored"], "duplicates": built["duplicates"],
-            "per_file": built["per_file"], "calibration": built["calibration"],
-            "counts": (built["gated"] or {}).get("counts"),
-            "ungated_counts": (built["ungated"] or {}).get("counts"),
+            "per_file": built["per_file"], "folds": built["folds"], "cold": built["cold"],
+            "counts": counts(built["gated"]), "ungated_counts": counts(built["ungated"]),
             "service_commit": commit + (" (service/ had uncommitted changes)" if dirty else ""),
             "planned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(x) + "\n" for x in [meta, *jobs]))
     fell = sum(1 for j in jobs if j.get("fallback"))
-    log(f"{target_chip} from {built['stored']} {CHIPS[source]} reports: {len(jobs)} entries, {fell} fall "
-        f"back to the built-in; calibration on {built['calibration']['samples']} held-out samples -> {out}")
+    log(f"{target_chip} from {built['stored'].get(CHIPS[source], 0)} {CHIPS[source]} reports (calibrated "
+        f"with {built['stored'].get(target_chip, 0)} earlier {target_chip} reports of the other kernels): "
+        f"{len(jobs)} entries, {fell} fall back to the built-in; with no {target_chip} report at all: "
+        f"{built['cold']['counts']} -> {out}")
     return 0
 
 
@@ -349,9 +400,9 @@ def run(jobs_path: Path, outdir: Path, kernels: Sequence[str] | None, budget: fl
             if line.strip()]
     tuning = [line for f in sorted(work.glob("tuning.*.jsonl")) for line in f.read_text().splitlines()
               if line.strip()]
-    with open(outdir / f"{tag}_cross_chip.jsonl", "a", encoding="utf-8") as f:
+    with open(outdir / f"{tag}.jsonl", "a", encoding="utf-8") as f:
         f.write("".join(r + "\n" for r in rows))
-    with open(outdir / f"{tag}_cross_chip_tuning.jsonl", "a", encoding="utf-8") as f:
+    with open(outdir / f"{tag}_tuning.jsonl", "a", encoding="utf-8") as f:
         f.write("".join(r + "\n" for r in tuning))
     timed = sum(1 for r in rows if "timed" in json.loads(r))
     log(f"{timed} of {len(jobs)} entries timed -> {outdir}")
@@ -447,8 +498,9 @@ def load_run(path: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
     return results
 
 
-def score(jobs_path: Path, result_paths: Sequence[Path], out: Path | None) -> str:
-    """The table (first run) and a summary per run (each file one run: tuned and timed anew)."""
+def score(jobs_path: Path, result_paths: Sequence[Path], out: Path | None, note: str | None = None) -> str:
+    """The table (first run) and a summary per run (each file one run: tuned and timed anew); ``note``:
+    a line under the title (say, that the runs predate the plan)."""
     meta, jobs = read_jobs(jobs_path)
     runs = [load_run(p) for p in result_paths]
     per_run = [[score_entry(j, res.get((j["kernel"], j["shape"], j["dtype"]))) for j in jobs] for res in runs]
@@ -463,9 +515,12 @@ def score(jobs_path: Path, result_paths: Sequence[Path], out: Path | None) -> st
             f"  {'ungated pick':<22} {'ratio':>6}  {'source entry':<22} {'ratio':>6}")
     lines = [
         "Cross-chip prediction, on the GPU (benchmarks/cross_chip.py; issue 12)",
-        f"target: {meta.get('target')}   source: {meta.get('source')} reports only "
-        f"({meta.get('stored')} stored, {meta.get('duplicates')} duplicates skipped, from "
+        *([f"note: {note}"] if note else []),
+        f"target: {meta.get('target')}   source: {meta.get('source')} reports only, for each kernel's "
+        f"entries ({_stored(meta)}, {meta.get('duplicates')} duplicates skipped, from "
         f"{', '.join(f'{k} {v}' for k, v in sorted((meta.get('per_file') or {}).items()))})",
+        "leave one kernel out: a kernel's entries are built with none of the target's results for it; "
+        "the target's earlier results of the other kernels calibrate the confidence",
         f"device that ran it: {', '.join(devices) or 'none'} (every figure below; the name MLX's chip "
         f"detection reports); service at {meta.get('service_commit')}, planned {meta.get('planned_at')}",
         f"profile: profiles.build_body(threshold={meta.get('threshold')}, allow_predicted=True): "
@@ -581,24 +636,14 @@ def summary_lines(rows: Sequence[dict[str, Any]], meta: dict[str, Any], label: s
         lines.append("  ungated misses: " + "; ".join(
             f"{r['kernel']} {r['shape']} {r['ungated_key']} {fmt_ratio(r['ungated_ratio'])} "
             f"(tuned {r['tuned_best']}, score {r.get('score')})" for r in misses))
-    own = [r for r in ungated if own_confidence(meta, r.get("score")) >= (meta.get("threshold") or THRESHOLD)]
-    if ungated:
-        hits = sum(_hit(r["ungated_ratio"]) for r in own)
-        slow = sum(1 for r in own if r["ungated_slower"])
-        lines.append("  what if a cross-chip prediction took the own-chip bins' confidence for its score (no "
-                     f"such rule in the service): {len(own)} custom entries, {_pct(hits, len(own))} within "
-                     f"{TOLERANCE:.0%}, {slow} slower than the built-in beyond the noise")
     return lines
 
 
-def own_confidence(meta: dict[str, Any], score: float | None) -> float:
-    """The confidence the calibration's ``own`` bins give ``score`` (0 without one)."""
-    if score is None:
-        return 0.0
-    for b in (meta.get("calibration") or {}).get("bins", []):
-        if b["mode"] == "own" and b["lo"] <= score < (b["hi"] if b["hi"] < 1.0 else 1.0000001):
-            return float(b["rate"])
-    return 0.0
+def _stored(meta: dict[str, Any]) -> str:
+    stored = meta.get("stored")
+    if isinstance(stored, dict):  # reports per chip
+        return ", ".join(f"{v} {k} reports" for k, v in sorted(stored.items())) + " stored"
+    return f"{stored} stored"
 
 
 def agreement_lines(per_run: Sequence[Sequence[dict[str, Any]]]) -> list[str]:
@@ -628,14 +673,24 @@ def agreement_lines(per_run: Sequence[Sequence[dict[str, Any]]]) -> list[str]:
 
 
 def calibration_lines(meta: dict[str, Any]) -> list[str]:
-    cal = meta.get("calibration") or {}
-    lines = [f"calibration used (profile_builder.calibrate on the source reports: {cal.get('samples')} "
-             "held-out samples); confidence = (hits + 1) / (n + 2); own: a chip's shape predicted from its "
-             "other shapes; cross: from other chips only (none here: the source is one chip)",
-             f"  {'mode':<6} {'score bin':<12} {'n':>4} {'hits':>5} {'confidence':>10}"]
-    for b in cal.get("bins", []):
-        lines.append(f"  {b['mode']:<6} {b['lo']:.1f}-{b['hi']:.1f}      {b['n']:>4} {b['hits']:>5} "
-                     f"{b['rate']:>10.3f}")
+    """The transfer bins each kernel's entries were gated by (their calibration never saw the target's
+    results for that kernel), and what the profile is with no target result at all."""
+    folds: dict[str, Any] = meta.get("folds") or {}
+    first: dict[str, Any] = next(iter(folds.values()), {})
+    edges = [b for b in first.get("bins", []) if b["mode"] == "transfer"]
+    lines = ["calibration per kernel (profile_builder.calibrate without the target's results for that "
+             "kernel): transfer mode (another chip's measured pick at the very shape), per score bin: "
+             "held-out samples, hits -> confidence (isotonic in the score)",
+             f"  {'kernel':<20} {'samples':>7}  " + "  ".join(f"{b['lo']:.1f}-{b['hi']:.1f}".ljust(15)
+                                                          for b in edges)]
+    for kernel, cal in folds.items():
+        cells = [f"{b['n']:>3} {b['hits']:>3} -> {b['rate']:.2f}" for b in cal.get("bins", [])
+                 if b["mode"] == "transfer"]
+        lines.append(f"  {kernel:<20} {cal.get('samples', 0):>7}  " + "  ".join(c.ljust(15) for c in cells))
+    cold = meta.get("cold")
+    if cold:
+        lines.append("with no result of the target at all (no transfer between the two chips to calibrate "
+                     f"on: every confidence is the 0.5 prior): {cold.get('counts')}")
     return lines
 
 
@@ -668,9 +723,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     s.add_argument("--jobs", type=Path, required=True)
     s.add_argument("results", nargs="+", type=Path, help="result files, one per run (the first is tabled)")
     s.add_argument("--out", type=Path)
+    s.add_argument("--note", help="a line under the title (e.g. that the runs predate the plan)")
     args = ap.parse_args(argv)
     if args.cmd == "plan":
-        return plan(args.target, args.out or RESULTS / f"{args.target}_cross_chip_jobs.jsonl")
+        return plan(args.target, args.out or RESULTS / f"{args.target}_transfer_jobs.jsonl")
     if args.cmd == "run":
         os.environ.setdefault("MLX_ENABLE_CACHE_THRASHING_CHECK", "0")
         return run(args.jobs, args.outdir, args.kernels.split(",") if args.kernels else None, args.budget,
@@ -680,7 +736,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         unit = json.loads(args.unit)
         run_unit(unit, args.outdir / "turns", args.outdir, args.rounds, args.deadline)
         return 0
-    print(score(args.jobs, args.results, args.out), end="")
+    print(score(args.jobs, args.results, args.out, args.note), end="")
     return 0
 
 

@@ -18,12 +18,18 @@ best. A source's weight is how close it is to the target:
   compare (another backend, an unknown name) contributes nothing.
 
 Where the target chip measured nothing of the kernel and another chip of the family measured the very
-(shape, dtype), that source alone decides (on the H100 -> H200 reports, extrapolating from every other
-H100 shape picked layernorm 4096x4096 wrong while the H100's own 4096x4096 pick was the H200's best
-too). Such a cross-chip prediction on a chip with more bandwidth than its source breaks the source's
-near-ties (within ``TIE`` of the pick) by work per thread (``ipt x vec``): more bandwidth needs more
-bytes in flight (Little's law), and the H200's best large-shape configs moved ``ipt``/``vec`` up from
-the H100's on swiglu, geglu, rope, moe_combine and int4_dequantize.
+(shape, dtype), that measurement alone decides: a *transfer*. With the source chips' measured picks
+(``picks``: what their own profiles hold, the best same-run speedup over the built-in), the most
+similar such chip's pick is the prediction (on the H100 -> H200 runs, the H100's own entry landed
+within 5 % of the H200's tuned best on 21 of 25 custom entries, twice; a vote over the H100's per-config
+times, with the tie-break below, on 12). Its score is how far that decision is from flipping: the
+pick's speedup over the built-in (for the built-in, the best config's slowdown), ``1 - m^(-1/0.15)``
+(1.05 -> 0.28, 1.1 -> 0.47, 1.2 -> 0.70, 1.5 -> 0.93): a config that barely beats the built-in on
+one chip is the pick most likely to lose to it, or to a neighbour, on another (the four H100 entries
+that missed on the H200 beat the built-in by 1.07-1.10x on the H100). Transfers are calibrated as a
+mode of their own. Without ``picks``, the exact sources vote as below, and a chip with more bandwidth
+than its source breaks the sources' near-ties (within ``TIE`` of the pick) by work per thread
+(``ipt x vec``): more bandwidth needs more bytes in flight (Little's law).
 
 The predicted config is the one most often near the best (within ``NEAR`` of a source's best time,
 weighted) over the sources that measured it; ties go to the lower weighted mean relative time.
@@ -58,6 +64,7 @@ MIN_WEIGHT = 1e-6  # a source 1000x the size still counts, when nothing nearer w
 NEAR = 1.05  # "near the best": within 5 % of a source's best time
 TIE = 1.02  # cross-chip: configs within 2 % of the pick's mean relative time on the sources are ties
 MORE_BANDWIDTH = 1.1  # a target chip with 10 % more bandwidth than its sources breaks ties by work per thread
+TRANSFER_SCALE = 0.15  # a transfer's score: 1 - margin ** (-1 / TRANSFER_SCALE)
 
 # (kernel, shape, dtype) -> {config_key: median time in microseconds}
 ChipTable = dict[tuple[str, str, str], dict[str, float]]
@@ -66,15 +73,39 @@ Observations = Mapping[str, ChipTable]
 
 
 @dataclass(frozen=True)
+class SourcePick:
+    """A chip's measured pick for one (kernel, shape, dtype): what its own profile holds."""
+
+    config_key: str
+    # a config's same-run speedup over the built-in; for the built-in, the best config's slowdown
+    margin: float
+
+
+# (chip, kernel, shape, dtype) -> that chip's measured pick
+Picks = Mapping[tuple[str, str, str, str], SourcePick]
+
+
+@dataclass(frozen=True)
 class Prediction:
     config_key: str
     median_us: float
     speedup: float | None
-    score: float  # raw: near-best share x evidence, 0..1 (calibrated elsewhere)
+    score: float  # raw, 0..1 (calibrated elsewhere): near-best share x evidence; a transfer's margin
     cross_chip: bool  # no source from the target chip itself
+    transfer: bool = False  # another chip's measured pick at this very shape decided
     near_share: float = 0.0  # weighted share of its sources where the config was within NEAR of the best
     nearest: float = 0.0  # the heaviest single source's weight
     basis: list[dict[str, object]] = field(default_factory=list)  # the heaviest sources
+
+    @property
+    def mode(self) -> str:
+        """The calibration mode: ``transfer``, ``cross`` (other chips, other shapes) or ``own``."""
+        return "transfer" if self.transfer else "cross" if self.cross_chip else "own"
+
+
+def transfer_score(margin: float) -> float:
+    """0 for a decision on the edge (margin 1), towards 1 as the source's margin grows."""
+    return 1.0 - margin ** (-1.0 / TRANSFER_SCALE) if margin > 1.0 else 0.0
 
 
 def parse_dims(shape: str) -> tuple[int, ...] | None:
@@ -140,11 +171,13 @@ def predict(
     *,
     valid: Callable[[str], bool] | None = None,
     exclude: set[tuple[str, str, str, str]] | None = None,
+    picks: Picks | None = None,
 ) -> Prediction | None:
     """The predicted config for ``kernel`` at ``shape``/``dtype`` on ``chip``, or None without sources.
 
     ``valid(config_key)`` rejects configs the kernel cannot run at ``shape``; ``exclude`` drops
-    (chip, kernel, shape, dtype) sources (the held-out shape in the benchmark).
+    (chip, kernel, shape, dtype) sources (the held-out shape in the benchmark); ``picks``: the
+    chips' measured picks, for transfers.
     """
     sources: list[tuple[float, str, str, str, dict[str, float]]] = []  # weight, chip, shape, dtype, times
     similarity: dict[str, float] = {}
@@ -169,6 +202,9 @@ def predict(
     exact = [src for src in sources if src[2] == shape and src[3] == dtype]
     if cross_chip and exact:
         sources = exact  # another chip measured this very shape: that beats extrapolating from others
+        transfer = _transfer(sources, kernel, shape, dtype, valid, picks or {})
+        if transfer is not None:
+            return transfer
     total = sum(w for w, *_ in sources)
     # key -> [sum w*rel, sum w, sum w*scaled time, sum w*not near]
     scores: dict[str, list[float]] = {}
@@ -213,3 +249,20 @@ def predict(
     return Prediction(config_key=choice, median_us=expected, speedup=speedup, score=score,
                       cross_chip=cross_chip, basis=basis,
                       near_share=near_share, nearest=nearest)
+
+
+def _transfer(exact: list[tuple[float, str, str, str, dict[str, float]]], kernel: str, shape: str, dtype: str,
+              valid: Callable[[str], bool] | None, picks: Picks) -> Prediction | None:
+    """The most similar exact source's measured pick, or None when no exact source has a usable one."""
+    total = sum(w for w, *_ in exact)
+    for weight, other, _, _, times in sorted(exact, key=lambda x: (-x[0], x[1])):
+        pick = picks.get((other, kernel, shape, dtype))
+        if pick is None or pick.config_key not in times or (valid is not None and not valid(pick.config_key)):
+            continue
+        builtin = pick.config_key == "builtin"
+        return Prediction(
+            config_key=pick.config_key, median_us=times[pick.config_key],
+            speedup=1.0 if builtin else pick.margin, score=transfer_score(pick.margin), cross_chip=True,
+            transfer=True, near_share=1.0, nearest=weight,
+            basis=[{"chip": other, "shape": shape, "weight": round(weight / total, 3)}])
+    return None

@@ -142,8 +142,9 @@ def calibrate(factory: sessionmaker[Session], backend: str, settings: Settings) 
                 session.rollback()
                 return None
             rows = aggregates.current_rows(session, ConfigStat.backend == backend)
-            tables, _ = profiles.observations(rows)
-            samples = calibration.held_out(tables, profiles._validator)
+            tables, evidence = profiles.observations(rows)
+            samples = calibration.held_out(tables, profiles._validator,
+                                           picks=profiles.measured_picks(evidence, backend))
             backend_chips = sorted(c for c, b in aggregates.chips_with_data(session).items() if b == backend)
             with _write(session):
                 row = Calibration(backend=backend, bins=calibration.bins(samples), samples=len(samples),

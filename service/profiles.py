@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -35,7 +36,7 @@ from kernelfleet.service import aggregates, calibration, chips
 from kernelfleet.service.aggregates import StatRow
 from kernelfleet.service.db import keep_newest, stored_utc
 from kernelfleet.service.models import Calibration, ConfigStat, Profile
-from kernelfleet.service.predict import ChipTable, Observations, predict
+from kernelfleet.service.predict import ChipTable, Observations, Picks, SourcePick, predict
 
 BUILTIN = "builtin"
 # (chip, kernel, shape, dtype) -> {config_key: its stats row}
@@ -96,6 +97,24 @@ def choose(stats: dict[str, StatRow], backend: str) -> StatRow | None:
     return min(stats.values(), key=lambda r: (r.center_us, r.config_key)) if stats else None
 
 
+def measured_picks(evidence: Evidence, backend: str) -> dict[tuple[str, str, str, str], SourcePick]:
+    """Every chip's measured pick (:func:`choose`) with its margin, for transfers: a config's same-run
+    speedup over the built-in; for the built-in, the inverse of the best config's. Series without a
+    same-run comparison with the built-in give none."""
+    out: dict[tuple[str, str, str, str], SourcePick] = {}
+    for key, stats in evidence.items():
+        pick = choose(stats, backend)
+        if pick is None:
+            continue
+        if pick.config_key != BUILTIN:
+            if pick.speedup_lo is not None:
+                out[key] = SourcePick(pick.config_key, pick.speedup_lo)
+            continue
+        others = [r.speedup_hi for k, r in stats.items() if k != BUILTIN and r.speedup_hi]
+        out[key] = SourcePick(BUILTIN, 1.0 / max(others) if others else math.inf)
+    return out
+
+
 def measured_entry(kernel: str, shape: str, dtype: str, pick: StatRow) -> dict[str, Any]:
     is_builtin = pick.config_key == BUILTIN
     interval = [1.0, 1.0] if is_builtin else (
@@ -115,14 +134,17 @@ def measured_entry(kernel: str, shape: str, dtype: str, pick: StatRow) -> dict[s
 
 
 def predicted_entries(chip: str, tables: Observations, skip: set[tuple[str, str, str]],
-                      table: Sequence[dict[str, Any]] | None, threshold: float) -> list[dict[str, Any]]:
+                      table: Sequence[dict[str, Any]] | None, threshold: float,
+                      picks: Picks | None = None) -> list[dict[str, Any]]:
     """Predictions for the backend's fleet shapes and the catalog shapes of its kernels that ``chip``
-    did not measure; below ``threshold`` confidence or without a speedup above 1: the built-in."""
+    did not measure; below ``threshold`` confidence or without a speedup above 1: the built-in.
+    ``picks``: the chips' measured picks (:func:`measured_picks`), for transfers."""
     fleet = {key for t in tables.values() for key in t}
     catalog = {(k, shape, d) for k, d in {(k, d) for k, _, d in fleet} for shape in _catalog_shapes(k)}
     out: list[dict[str, Any]] = []
     for kernel, shape, dtype in sorted((fleet | catalog) - skip):
-        pick = predict(chip, kernel, shape, dtype, tables, valid=_validator(kernel, shape, dtype))
+        pick = predict(chip, kernel, shape, dtype, tables, valid=_validator(kernel, shape, dtype),
+                       picks=picks)
         if pick is None:
             continue
         conf = calibration.confidence(table, pick)
@@ -136,6 +158,7 @@ def predicted_entries(chip: str, tables: Observations, skip: set[tuple[str, str,
         entry: dict[str, Any] = {
             "kernel": kernel, "shape": shape, "dtype": dtype, "predicted": True,
             "confidence": round(conf, 3), "score": round(pick.score, 3), "cross_chip": pick.cross_chip,
+            "mode": pick.mode,
             "basis": pick.basis,
         }
         if fallback is None:
@@ -187,7 +210,8 @@ def build_body(session: Session, chip: str, mlx_version: str | None, *, threshol
         return None
     if backend != "cpu":
         mine = {(e["kernel"], e["shape"], e["dtype"]) for e in entries}
-        entries += predicted_entries(chip, tables, mine, calibration_table(session, backend), threshold)
+        entries += predicted_entries(chip, tables, mine, calibration_table(session, backend), threshold,
+                                     measured_picks(evidence, backend))
     if not entries:
         return None
     body = {"schema": SCHEMA, "chip": chip, "backend": backend, "mlx_version": mlx_version,

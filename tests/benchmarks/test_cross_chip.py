@@ -4,7 +4,6 @@ units, and scoring entries against the tuned best and the built-in (CPU only).""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -51,22 +50,38 @@ def test_plan_jobs_time_every_config_an_entry_could_be(cc: Any) -> None:
     assert c["no_entry"] and c["profile_key"] is None and c["configs"][0] == c["default_key"] != "builtin"
 
 
-def test_plan_keeps_only_the_source_chips_reports(cc: Any, tmp_path: Path) -> None:
-    shutil.copy(RESULTS / "h200_tuning.jsonl", tmp_path / "h200_tuning.jsonl")
-    shutil.copy(RESULTS / "h100_tuning.jsonl", tmp_path / "h100_tuning.jsonl")
-    (tmp_path / "h100_cross_chip_tuning.jsonl").write_text("not read\n")  # the benchmark's own output
-    assert [p.name for p in cc.source_files(tmp_path)] == ["h100_tuning.jsonl", "h200_tuning.jsonl"]
+def test_plan_leaves_one_kernel_out(cc: Any, tmp_path: Path) -> None:
+    # the H200's reports, and the same runs labelled as an H100 (its earlier results): both chips
+    # measured the same seven (kernel, shape)s
+    h200 = (RESULTS / "h200_tuning.jsonl").read_text().splitlines()
+    (tmp_path / "h200_tuning.jsonl").write_text("\n".join(h200) + "\n")
+    relabelled = [json.loads(line) for line in h200]
+    for r in relabelled:
+        r["env"]["chip"] = H100
+    (tmp_path / "h100_cross_chip_tuning.jsonl").write_text("".join(json.dumps(r) + "\n" for r in relabelled))
+    (tmp_path / "h100_notes.txt").write_text("not a report\n")
+    assert [p.name for p in cc.source_files(tmp_path)] == [
+        "h100_cross_chip_tuning.jsonl", "h200_tuning.jsonl"]
     out = tmp_path / "jobs.jsonl"
     assert cc.plan("h100", out, tmp_path) == 0
     meta, jobs = cc.read_jobs(out)
     assert meta["source"] == H200 and meta["target"] == H100
-    assert meta["stored"] == 7 and meta["per_file"] == {"h200_tuning.jsonl": 7}
-    assert meta["counts"]["measured"] == 0  # the target chip has no result of its own in that database
-    assert len(jobs) == 48
-    measured = {(r["kernel"], r["shape"]) for r in map(json.loads, (tmp_path / "h200_tuning.jsonl").open())}
-    assert {(j["kernel"], j["shape"]) for j in jobs if j["source_key"]} == measured  # the H200's own entries
-    # kernels the H200 never ran have no source: no entry, the runtime's default config is timed
+    assert meta["stored"] == {H200: 7, H100: 7}
+    # every entry is predicted: each kernel's were built without the H100's results for that kernel
+    assert meta["counts"]["measured"] == 0 and len(jobs) == 48
+    measured = {(r["kernel"], r["shape"]) for r in relabelled}
+    for job in jobs:
+        if (job["kernel"], job["shape"]) in measured:
+            # the H200's own entry, taken as a transfer (no H100 result of that kernel in its fold)
+            assert job["raw_pick"] == job["source_key"] and job["basis"][0]["chip"] == H200
+    # kernels neither chip ran have no source: no entry, the runtime's default config is timed
     assert all(j.get("no_entry") for j in jobs if j["kernel"] == "rmsnorm")
+    # each fold calibrates on the transfers of the other kernels, both ways: 2 per shared series
+    transfers = {k: sum(b["n"] for b in f["bins"] if b["mode"] == "transfer")
+                 for k, f in meta["folds"].items()}
+    assert transfers["rope"] == 2 * 6 and transfers["rmsnorm"] == 2 * 7
+    # with no H100 result at all, nothing is calibrated for transfers: every entry falls back
+    assert meta["cold"]["counts"]["predicted"] == 0
 
 
 def test_gpu_units_share_compiled_code(cc: Any) -> None:
@@ -126,8 +141,8 @@ def test_paired_interval_brackets_the_ratio(cc: Any) -> None:
 def test_score_reports_fallback_share_and_both_runs(cc: Any, tmp_path: Path) -> None:
     jobs = tmp_path / "jobs.jsonl"
     meta = {"type": "meta", "target": H200, "source": H100, "threshold": 0.8, "counts": {},
-            "calibration": {"samples": 2, "bins": [{"mode": "own", "lo": 0.9, "hi": 1.0, "n": 2, "hits": 2,
-                                                     "rate": 0.75}]}}
+            "folds": {"softmax": {"samples": 2, "bins": [{"mode": "transfer", "lo": 0.9, "hi": 1.0, "n": 2,
+                                                           "hits": 2, "rate": 0.75}]}}}
     fell = job(shape="1x4096", profile_key="builtin", fallback="the built-in is predicted fastest",
                raw_pick="builtin", ungated_key="builtin")
     lines = [meta, {"type": "job", **job()}, {"type": "job", **fell}]
@@ -146,3 +161,4 @@ def test_score_reports_fallback_share_and_both_runs(cc: Any, tmp_path: Path) -> 
     assert "non-fallback entries within 5% of the tuned best: 0/1 = 0.0%" in text  # run 2
     assert "ungated picks whose within-5% verdict differs: softmax 4096x4096 +3.0% vs +20.0%" in text
     assert "device: NVIDIA H200" in text
+    assert "  softmax                    2    2   2 -> 0.75" in text

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from kernelfleet.service.predict import chip_similarity, predict, shape_distance
+from kernelfleet.service.predict import SourcePick, chip_similarity, predict, shape_distance, transfer_score
 
 K = "rmsnorm"
 
@@ -122,3 +122,25 @@ def test_a_chip_with_more_bandwidth_breaks_the_sources_ties_by_work_per_thread()
     assert h200 is not None and h200.config_key == "ipt=2,tg=64,vec=8"  # 104.0 is past the 2 % band
     a100 = predict("NVIDIA A100 80GB", "swiglu", "16384x8192", "bfloat16", obs)
     assert a100 is not None and a100.config_key == "ipt=1,tg=256,vec=4"
+
+
+def test_a_transfer_takes_the_source_chips_measured_pick_scored_by_its_margin() -> None:
+    # the H100's table has "b" fastest by centers, but its measured pick (best same-run speedup) is "a"
+    h100 = {("swiglu", "4096x14336", "bfloat16"): {"a": 101.0, "b": 100.0, "builtin": 130.0}}
+    obs = {"NVIDIA H100 80GB HBM3": h100}
+    picks = {("NVIDIA H100 80GB HBM3", "swiglu", "4096x14336", "bfloat16"): SourcePick("a", 1.28)}
+    p = predict("NVIDIA H200", "swiglu", "4096x14336", "bfloat16", obs, picks=picks)
+    assert p is not None and p.transfer and p.mode == "transfer" and p.config_key == "a"
+    assert p.speedup == 1.28 and p.median_us == 101.0
+    assert p.score == pytest.approx(transfer_score(1.28)) == pytest.approx(1 - 1.28 ** (-1 / 0.15))
+    # a thin margin scores low, no margin scores 0, a wide one near 1
+    assert transfer_score(1.0) == 0.0 < transfer_score(1.05) < 0.3 < transfer_score(1.2) < transfer_score(2.0)
+    assert transfer_score(2.0) > 0.98
+    # a pick the target cannot run is no transfer: the sources vote instead
+    voted = predict("NVIDIA H200", "swiglu", "4096x14336", "bfloat16", obs, picks=picks,
+                    valid=lambda k: k != "a")
+    assert voted is not None and not voted.transfer and voted.config_key == "b"
+    # the target's own data make it an own-chip prediction, never a transfer
+    obs["NVIDIA H200"] = {("swiglu", "4096x8192", "bfloat16"): {"a": 60.0, "b": 50.0, "builtin": 70.0}}
+    own = predict("NVIDIA H200", "swiglu", "4096x14336", "bfloat16", obs, picks=picks)
+    assert own is not None and not own.transfer and own.mode == "own"
