@@ -7,17 +7,17 @@ correct configs is held out in turn and predicted from the rest (:func:`held_out
 - ``cross``: without any of that chip's results for the kernel (a chip predicted from others only).
   Where another chip measured the very shape and its measured pick decides
   (:func:`kernelfleet.service.predict.predict`'s transfer), the sample is a ``transfer``: its score
-  is the source's margin over the built-in, so it is binned on its own.
+  is how surely the source's pick beat the built-in there, so it is binned on its own.
 
 A prediction *hits* when its config's measured time on the held-out shape is within 5 % of that
 shape's tuned best (built-in included): the chip's own measured pick, what its profile holds, where
 ``picks`` gives it (not the least of every config's center: over 60-odd configs measured a few times
 each, some eliminated early by successive halving, the least is biased low and calls hits misses);
 else the least center. A config the held-out chip did not measure counts as a miss, so the rate errs
-low. Raw scores are binned (:data:`EDGES`); a bin's observed hit rate gets one
-pseudo-hit and one pseudo-miss ((hits + 1) / (n + 2)), so a bin with little data says little. A score
-is built so that more of it means a likelier hit, so each mode's rates are then made non-decreasing in
-the score by isotonic regression (``scipy.optimize.isotonic_regression``, weighted by n + 2: adjacent
+low. Raw scores are binned (:data:`EDGES`); a bin's observed hit rate gets one pseudo-hit and one
+pseudo-miss ((hits + 1) / (n + 2)), so a bin with little data says little. A score is built so that
+more of it means a likelier hit, so each mode's rates are then made non-decreasing in the score by
+isotonic regression (``scipy.optimize.isotonic_regression``, weighted by n + 2: adjacent
 bins that disagree with the order are pooled), as calibration of a monotone score is usually done:
 with ten-odd samples a bin, a lone low bin above high ones is noise, not signal. An empty bin takes
 the rate of the nearest non-empty bin above it (else below), 0.5 where the mode has no sample.

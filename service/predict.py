@@ -22,14 +22,16 @@ Where the target chip measured nothing of the kernel and another chip of the fam
 (``picks``: what their own profiles hold, the best same-run speedup over the built-in), the most
 similar such chip's pick is the prediction (on the H100 -> H200 runs, the H100's own entry landed
 within 5 % of the H200's tuned best on 21 of 25 custom entries, twice; a vote over the H100's per-config
-times, with the tie-break below, on 12). Its score is how far that decision is from flipping: the
-pick's speedup over the built-in (for the built-in, the best config's slowdown), ``1 - m^(-1/0.15)``
-(1.05 -> 0.28, 1.1 -> 0.47, 1.2 -> 0.70, 1.5 -> 0.93): a config that barely beats the built-in on
-one chip is the pick most likely to lose to it, or to a neighbour, on another (the four H100 entries
-that missed on the H200 beat the built-in by 1.07-1.10x on the H100). Transfers are calibrated as a
-mode of their own. Without ``picks``, the exact sources vote as below, and a chip with more bandwidth
-than its source breaks the sources' near-ties (within ``TIE`` of the pick) by work per thread
-(``ipt x vec``): more bandwidth needs more bytes in flight (Little's law).
+times, with the tie-break below, on 12). Its score is how surely that decision stands on the source:
+its margin ``m``, the low end of the pick's same-run speedup interval over the built-in (for the
+built-in, the best config's slowdown at the high end of that config's interval), scored
+``1 - m^(-1/0.15)`` (1.05 -> 0.28, 1.1 -> 0.47, 1.2 -> 0.70, 1.5 -> 0.93). A config that barely or
+not surely beats the built-in on one chip is the pick most likely to lose to it, or to a neighbour,
+on another: the four H100 entries that missed on the H200 beat the built-in by 1.07-1.10x on the
+H100 (scores 0.21-0.30). Transfers are calibrated as a mode of their own. Without ``picks``, the
+exact sources vote as below, and a chip with more bandwidth than its source breaks the sources'
+near-ties (within ``TIE`` of the pick) by work per thread (``ipt x vec``): more bandwidth needs more
+bytes in flight (Little's law).
 
 The predicted config is the one most often near the best (within ``NEAR`` of a source's best time,
 weighted) over the sources that measured it; ties go to the lower weighted mean relative time.
@@ -39,13 +41,14 @@ config was 3x slower does not outweigh three near ones where it was best. Its ex
 each source's time by the element-count ratio (bandwidth-bound kernels); the speedup compares with
 the built-in predicted the same way.
 
-Each prediction has a raw ``score`` in 0..1: the chosen config's weighted near-best share (how
-consistently its sources found it within 5 % of their best), times an evidence factor of the nearest
-source's weight (``w / (w + EVIDENCE_SCALE)``: a prediction whose every source is far away, e.g. a
-10x larger shape on another chip, scores near 0). On the H100/H200 reports the near-best share
-separates hits from misses (held-out within-5 % rate 0.65 in its lowest quartile, 0.94 in its highest)
-and, across chips, the nearest source's weight does (0.29 to 0.76). :mod:`kernelfleet.service.calibration`
-turns scores into a confidence measured on held-out data.
+Any other prediction has a raw ``score`` in 0..1 (a transfer's is its margin's, above): the chosen
+config's weighted near-best share (how consistently its sources found it within 5 % of their best),
+times an evidence factor of the nearest source's weight (``w / (w + EVIDENCE_SCALE)``: a prediction
+whose every source is far away, e.g. a 10x larger shape on another chip, scores near 0). On the
+H100/H200 reports the near-best share separates hits from misses (held-out within-5 % rate 0.65 in
+its lowest quartile, 0.94 in its highest) and, across chips, the nearest source's weight does (0.29
+to 0.76). :mod:`kernelfleet.service.calibration` turns scores into a confidence measured on held-out
+data.
 """
 
 from __future__ import annotations
@@ -77,7 +80,8 @@ class SourcePick:
     """A chip's measured pick for one (kernel, shape, dtype): what its own profile holds."""
 
     config_key: str
-    # a config's same-run speedup over the built-in; for the built-in, the best config's slowdown
+    # how surely it beats the alternative there: for a config, the low end of its same-run speedup
+    # interval over the built-in; for the built-in, the inverse of the best config's high end
     margin: float
 
 

@@ -98,9 +98,9 @@ def choose(stats: dict[str, StatRow], backend: str) -> StatRow | None:
 
 
 def measured_picks(evidence: Evidence, backend: str) -> dict[tuple[str, str, str, str], SourcePick]:
-    """Every chip's measured pick (:func:`choose`) with its margin, for transfers: a config's same-run
-    speedup over the built-in; for the built-in, the inverse of the best config's. Series without a
-    same-run comparison with the built-in give none."""
+    """Every chip's measured pick (:func:`choose`) with its margin, for transfers: for a config, the
+    low end of its same-run speedup interval over the built-in; for the built-in, the inverse of the
+    best config's high end. Series without a same-run comparison with the built-in give none."""
     out: dict[tuple[str, str, str, str], SourcePick] = {}
     for key, stats in evidence.items():
         pick = choose(stats, backend)
