@@ -28,7 +28,7 @@ built-in, the best config's slowdown at the high end of that config's interval),
 ``1 - m^(-1/0.15)`` (1.05 -> 0.28, 1.1 -> 0.47, 1.2 -> 0.70, 1.5 -> 0.93). A config that barely or
 not surely beats the built-in on one chip is the pick most likely to lose to it, or to a neighbour,
 on another: the four H100 entries that missed on the H200 beat the built-in by 1.07-1.10x on the
-H100 (scores 0.21-0.30). Transfers are calibrated as a mode of their own. Without ``picks``, the
+H100 (scores 0-0.27). Transfers are calibrated as a mode of their own. Without ``picks``, the
 exact sources vote as below, and a chip with more bandwidth than its source breaks the sources'
 near-ties (within ``TIE`` of the pick) by work per thread (``ipt x vec``): more bandwidth needs more
 bytes in flight (Little's law).
