@@ -20,7 +20,9 @@ more of it means a likelier hit, so each mode's rates are then made non-decreasi
 isotonic regression (``scipy.optimize.isotonic_regression``, weighted by n + 2: adjacent
 bins that disagree with the order are pooled), as calibration of a monotone score is usually done:
 with ten-odd samples a bin, a lone low bin above high ones is noise, not signal. An empty bin takes
-the rate of the nearest non-empty bin above it (else below), 0.5 where the mode has no sample.
+the least rate the order allows it: the nearest filled bin's below it; with none below, the prior 0.5
+or the nearest filled bin's above, whichever is less (a bin nothing was measured in borrows no
+confidence from the scores above it); 0.5 where the mode has no sample.
 :func:`confidence` maps a new prediction's score to its bin's rate.
 """
 
@@ -101,9 +103,9 @@ def bins(samples: Sequence[Sample]) -> list[dict[str, Any]]:
                 r["rate"] = float(rate)
         for i, r in enumerate(rows):
             if not r["n"]:
-                above = [x["rate"] for x in rows[i + 1:] if x["n"]]
                 below = [x["rate"] for x in rows[:i] if x["n"]]
-                r["rate"] = above[0] if above else below[-1] if below else 0.5
+                above = [x["rate"] for x in rows[i + 1:] if x["n"]]
+                r["rate"] = below[-1] if below else min(0.5, above[0]) if above else 0.5
         out += rows
     return out
 

@@ -58,7 +58,7 @@ def sample(mode: str, score: float, hit: bool) -> Sample:
     return Sample(mode, score, hit, "Apple M3 Max", K, "64x4096", "float16")
 
 
-def test_rates_rise_with_the_score_and_empty_bins_borrow_from_above() -> None:
+def test_rates_rise_with_the_score_and_empty_bins_take_the_least_the_order_allows() -> None:
     # 0.2-0.4: 6/10 hits, 0.4-0.6: 2/10 (a lone low bin above a higher one), 0.9-1.0: 9/10
     samples = [sample("transfer", score, i < hits) for score, hits in ((0.3, 6), (0.5, 2), (0.95, 9))
                for i in range(10)]
@@ -69,9 +69,12 @@ def test_rates_rise_with_the_score_and_empty_bins_borrow_from_above() -> None:
     # the two disagreeing bins pool: (7 + 1 + 3) / (12 + 12), weighted by n + 2
     assert by_lo[0.2]["rate"] == by_lo[0.4]["rate"] == pytest.approx((7 / 12 + 3 / 12) / 2)
     assert by_lo[0.9]["rate"] == pytest.approx(10 / 12)
-    # an empty bin takes the next filled bin above it (0.6-0.9 -> the 0.9 bin), one below none: the lowest
-    assert by_lo[0.7]["n"] == 0 and by_lo[0.7]["rate"] == by_lo[0.9]["rate"]
-    assert by_lo[0.0]["rate"] == by_lo[0.2]["rate"]
+    # an empty bin takes the filled bin below it (0.6-0.9 -> the 0.4 bin's), never the higher one above;
+    # with none below, the prior 0.5 or the bin above, whichever is less
+    assert by_lo[0.7]["n"] == 0 and by_lo[0.7]["rate"] == by_lo[0.4]["rate"]
+    assert by_lo[0.0]["rate"] == min(0.5, by_lo[0.2]["rate"]) == by_lo[0.2]["rate"]
+    lone = [r for r in calibration.bins([sample("own", 0.95, True)] * 20) if r["mode"] == "own"]
+    assert [r["rate"] for r in lone] == [0.5] * 6 + [21 / 22]  # a lone high bin lends the lower ones nothing
     # a mode without samples says nothing
     assert {r["rate"] for r in calibration.bins(samples) if r["mode"] == "cross"} == {0.5}
     pick = Prediction("a", 1.0, 1.2, 0.95, cross_chip=True, transfer=True)
