@@ -11,8 +11,9 @@ File (JSON)::
                   "median_us": 41.2, "speedup": 1.31, "predicted": false}, ...]}
 
 Location: ``$KERNELFLEET_PROFILE_DIR`` or ``<user data dir>/profiles``, one file per chip
-(:func:`profile_path`). Entries may carry more keys: ``runs`` (tuned), ``confidence`` and
-``basis`` (predicted). :func:`write` replaces a file atomically (temporary file, fsync, rename),
+(:func:`profile_path`). Entries may carry more keys: ``runs`` (tuned), ``confidence``, ``basis``
+and ``mode`` (predicted: ``own``, ``cross``, or ``transfer`` for another chip's measured entry at
+the very shape). :func:`write` replaces a file atomically (temporary file, fsync, rename),
 so a reader never sees half a profile.
 """
 
