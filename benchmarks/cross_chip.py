@@ -118,8 +118,11 @@ def build_profiles(source: str, target: str, files: Sequence[Path], kernels: Seq
     from kernelfleet.service.schemas import TuningReport
     from kernelfleet.service.settings import Settings
 
-    def bodies(url: str, drop: Any) -> tuple[Any, Any, Any, Any]:
-        """(calibration, gated body, ungated body, source body) with ``drop``'s stats rows deleted."""
+    def bodies(name: str, drop: Any, with_source: bool = False) -> tuple[Any, Any, Any, Any]:
+        """(calibration, gated body, ungated body, source body or None) on a copy of the base database
+        with ``drop``'s stats rows deleted."""
+        url = f"sqlite:///{tmp}/{name}.db"
+        shutil.copy(base, url.removeprefix("sqlite:///"))
         engine = make_engine(url)
         factory = make_sessionmaker(engine)
         with factory() as session, immediate(session):
@@ -128,7 +131,7 @@ def build_profiles(source: str, target: str, files: Sequence[Path], kernels: Seq
         with factory() as session:
             out = (cal, profiles.build_body(session, target, None, threshold=THRESHOLD, allow_predicted=True),
                    profiles.build_body(session, target, None, threshold=0.0, allow_predicted=True),
-                   profiles.build_body(session, source, None, threshold=THRESHOLD))
+                   profiles.build_body(session, source, None, threshold=THRESHOLD) if with_source else None)
         engine.dispose()
         return out
 
@@ -167,22 +170,17 @@ def build_profiles(source: str, target: str, files: Sequence[Path], kernels: Seq
         gated: list[dict[str, Any]] = []
         ungated: list[dict[str, Any]] = []
         folds: dict[str, Any] = {}
-        own = None
-        for i, kernel in enumerate([*kernels, None]):
-            url = f"sqlite:///{tmp}/fold{i}.db"
-            shutil.copy(base, url.removeprefix("sqlite:///"))
-            drop = ConfigStat.chip == target
-            if kernel is not None:
-                drop = drop & (ConfigStat.kernel == kernel)
-            cal, g, u, own = bodies(url, drop)
-            if kernel is None:
-                cold = {"calibration": bins(cal), "counts": (g or {}).get("counts"),
-                        "ungated_counts": (u or {}).get("counts")}
-                continue
+        for kernel in kernels:
+            drop = (ConfigStat.chip == target) & (ConfigStat.kernel == kernel)
+            cal, g, u, _ = bodies(f"fold_{kernel}", drop)
             folds[kernel] = bins(cal)
             for body, into in ((g, gated), (u, ungated)):
                 into += [e for e in (body or {}).get("entries", [])
                          if e["kernel"] == kernel and e["predicted"]]
+        # the source's measured entries do not depend on the target's data: built once, here
+        cal, g, u, own = bodies("cold", ConfigStat.chip == target, with_source=True)
+        cold = {"calibration": bins(cal), "counts": (g or {}).get("counts"),
+                "ungated_counts": (u or {}).get("counts")}
     return {"stored": stored, "duplicates": duplicates, "other_chips": other, "per_file": per_file,
             "folds": folds, "cold": cold, "gated": {"entries": gated}, "ungated": {"entries": ungated},
             "own": own}
