@@ -255,6 +255,11 @@ def plan(target: str, out: Path, results: Path = RESULTS) -> int:
     return 0
 
 
+def kept(job: dict[str, Any]) -> bool:
+    """The profile keeps a custom config here (not the built-in by prediction, gate or absence)."""
+    return bool(job.get("profile_key")) and job["profile_key"] != "builtin" and not job.get("fallback")
+
+
 def read_jobs(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     meta = next((r for r in rows if r.get("type") == "meta"), {})
@@ -267,8 +272,8 @@ def read_jobs(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 def referee(kb: Any, spec: Any, shape: tuple[int, ...], dtype: str, keys: Sequence[str], rounds: int,
             seed: int = 0) -> dict[str, dict[str, Any]]:
     """``keys`` timed side by side (``kernels.side_by_side_measured``: one Measurer, interleaved
-    shuffled rounds, each checked against the reference first): per key its median, p10, p90 and the
-    per-round samples."""
+    shuffled rounds, each checked against the reference first): per key its median, p10, p90, the
+    per-round samples and its launches per round."""
     import numpy as np
 
     keys = list(dict.fromkeys(keys))
@@ -280,6 +285,7 @@ def referee(kb: Any, spec: Any, shape: tuple[int, ...], dtype: str, keys: Sequen
         p10, p50, p90 = (np.percentile(samples, [10, 50, 90]).tolist() if samples else (None,) * 3)
         out[key] = {"status": trial.status, "error": (trial.error or "")[:300] or None, "median_us": p50,
                     "p10_us": p10, "p90_us": p90, "n": len(samples),
+                    "launches_per_round": trial.launches_per_round, "calibration_us": trial.calibration_us,
                     "samples_us": [round(s, 3) for s in samples]}
     return out
 
@@ -367,7 +373,7 @@ def gpu_units(jobs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run(jobs_path: Path, outdir: Path, kernels: Sequence[str] | None, budget: float, rounds: int,
-        tag: str) -> int:
+        tag: str, kept_only: bool = False) -> int:
     from kernelfleet.worker.chip import detect_chip
 
     meta, jobs = read_jobs(jobs_path)
@@ -377,6 +383,8 @@ def run(jobs_path: Path, outdir: Path, kernels: Sequence[str] | None, budget: fl
         return 2
     if kernels:
         jobs = [j for j in jobs if j["kernel"] in kernels]
+    if kept_only:  # the entries the targets are about; a fallback is the built-in by construction
+        jobs = [j for j in jobs if kept(j)]
     units = gpu_units(jobs)
     deadline = time.time() + budget
     work = Path(tempfile.mkdtemp(prefix="kf_cross_chip_"))
@@ -712,6 +720,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--budget", type=float, default=480.0, help="seconds by which every timed turn must end")
     r.add_argument("--rounds", type=int, default=REFEREE_ROUNDS)
     r.add_argument("--tag", default="gpu")
+    r.add_argument("--kept-only", action="store_true",
+                   help="time only the entries the profile keeps (the fallbacks are the built-in)")
     u = sub.add_parser("unit")
     u.add_argument("--unit", required=True)
     u.add_argument("--outdir", type=Path, required=True)
@@ -728,7 +738,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "run":
         os.environ.setdefault("MLX_ENABLE_CACHE_THRASHING_CHECK", "0")
         return run(args.jobs, args.outdir, args.kernels.split(",") if args.kernels else None, args.budget,
-                   args.rounds, args.tag)
+                   args.rounds, args.tag, args.kept_only)
     if args.cmd == "unit":
         os.environ.setdefault("MLX_ENABLE_CACHE_THRASHING_CHECK", "0")
         unit = json.loads(args.unit)

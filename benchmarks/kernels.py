@@ -256,9 +256,10 @@ def side_by_side(spec: KernelSpec, shape: Shape, dtype: str, keys: Sequence[str]
 
 
 def side_by_side_measured(spec: KernelSpec, shape: Shape, dtype: str, keys: Sequence[str],
-                          rounds: int = REFEREE_ROUNDS,
-                          seed: int = 0) -> tuple[Measurer, dict[str, float | None]]:
-    """:func:`side_by_side`, also returning its Measurer (each key's trial: status, raw samples)."""
+                          rounds: int = REFEREE_ROUNDS, seed: int = 0,
+                          **measurer_kw: Any) -> tuple[Measurer, dict[str, float | None]]:
+    """:func:`side_by_side`, also returning its Measurer (each key's trial: status, raw samples,
+    launches per round); ``measurer_kw`` go to the Measurer (``check_rounds``, ``min_round_s``)."""
     be = detect_backend()
     keys = list(dict.fromkeys(keys))
     with mx.stream(be.device):
@@ -266,7 +267,7 @@ def side_by_side_measured(spec: KernelSpec, shape: Shape, dtype: str, keys: Sequ
         reference = spec.reference(inputs)
         mx.eval(inputs, reference)
         measurer = Measurer(spec, be, shape, dtype, inputs, reference, [parse_config_key(k) for k in keys],
-                            seed=seed + 1)
+                            seed=seed + 1, **measurer_kw)
         return measurer, measurer.measure(keys, rounds)
 
 

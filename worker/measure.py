@@ -8,8 +8,12 @@
   limit). Nothing is dropped; an unsupported config is never measured or chosen.
 - Each good candidate is warmed up, then calibrated: K launches per round, chosen so one round
   lasts at least ``min_round_s`` (4 ms), so a decode-size launch is timed as many launches between
-  two ``mx.synchronize()`` calls rather than one launch drowned in sync overhead. A round also pays
-  a fixed cost to start and drain the queue. On an H100 host
+  two ``mx.synchronize()`` calls rather than one launch drowned in sync overhead. K is read from a
+  short pass, then checked: a full round of K launches is timed and, while it falls short of
+  ``min_round_s`` by over 10 %, K is scaled up from it (``check_rounds`` times at most). A short
+  pass can carry one-time costs (the first launches' output buffers allocated, clocks ramping up)
+  and so set K too low; a round of too few launches is then mostly its fixed start-and-drain cost,
+  slow and noisy. A round also pays a fixed cost to start and drain the queue. On an H100 host
   (``benchmarks/results/h100_launch_floor.txt``) a 200 µs kernel's median (layernorm 16384x8192)
   came out 11 % above its 16 ms-round median with 1 ms rounds, 3 % with 4 ms rounds; a 1 GiB copy
   8 % and 2 %. The calibration's last timing (at least a quarter round) is kept apart from the
@@ -114,11 +118,12 @@ class Measurer:
     def __init__(self, spec: KernelSpec, backend: Backend, shape: Shape, dtype: str,
                  inputs: Sequence[mx.array], reference: Sequence[mx.array], configs: Sequence[Config], *,
                  seed: int = 0, min_round_s: float = 4e-3, max_launches: int = 4096, warmup: int = 1,
-                 on_step: Callable[[], None] | None = None) -> None:
+                 check_rounds: int = 3, on_step: Callable[[], None] | None = None) -> None:
         self.spec, self.backend, self.shape, self.dtype = spec, backend, shape, dtype
         self.inputs, self.reference = list(inputs), list(reference)
         self.tol = spec.tolerance(dtype)
         self.min_round_s, self.max_launches, self.warmup = min_round_s, max_launches, warmup
+        self.check_rounds = check_rounds
         self.rng = random.Random(seed)
         self.on_step = on_step or (lambda: None)
         self.trials: dict[str, Trial] = {}
@@ -172,19 +177,37 @@ class Measurer:
 
     def _calibrate(self, fn: KernelFn) -> tuple[int, float]:
         """Launches per round so that a round lasts at least ``min_round_s`` (also warms up), and
-        the per-launch time (µs) the last calibration pass measured."""
+        the per-launch time (µs) the calibration's last timing measured: a pass of launches grown
+        fourfold until it lasts a quarter round gives K, then up to ``check_rounds`` full rounds of K
+        launches check it, scaling K up while a round falls over 10 % short of ``min_round_s``."""
         n = 2
         while True:
-            self.backend.synchronize()
-            t0 = time.perf_counter()
-            _launch(fn, self.inputs, n)
-            self.backend.synchronize()
-            elapsed = time.perf_counter() - t0
+            elapsed = self._time_launches(fn, n)
             if elapsed >= 0.25 * self.min_round_s or n >= self.max_launches:
                 break
             n = min(n * 4, self.max_launches)
+        k = self._launches_for(n, elapsed)
+        for _ in range(self.check_rounds):
+            if k >= self.max_launches:
+                break
+            n, elapsed = k, self._time_launches(fn, k)
+            if elapsed >= 0.9 * self.min_round_s:
+                break
+            k = max(k + 1, self._launches_for(k, elapsed))
+        return k, max(elapsed / n, 1e-9) * 1e6
+
+    def _time_launches(self, fn: KernelFn, n: int) -> float:
+        """Seconds ``n`` launches take between two synchronizations."""
+        self.backend.synchronize()
+        t0 = time.perf_counter()
+        _launch(fn, self.inputs, n)
+        self.backend.synchronize()
+        return time.perf_counter() - t0
+
+    def _launches_for(self, n: int, elapsed: float) -> int:
+        """Launches per round for ``min_round_s``, from ``n`` launches that took ``elapsed`` s."""
         per_launch = max(elapsed / n, 1e-9)
-        return max(1, min(self.max_launches, math.ceil(self.min_round_s / per_launch))), per_launch * 1e6
+        return max(1, min(self.max_launches, math.ceil(self.min_round_s / per_launch)))
 
     # -------------------------------------------------------------------- timing
 

@@ -48,6 +48,11 @@ def test_plan_jobs_time_every_config_an_entry_could_be(cc: Any) -> None:
     assert b["configs"] == ["builtin"] and b["source_key"] is None
     # no prediction at all: the runtime would run the kernel's default config, so that is what is timed
     assert c["no_entry"] and c["profile_key"] is None and c["configs"][0] == c["default_key"] != "builtin"
+    # run --kept-only times none of these: fallbacks and absent entries are not the profile's picks
+    assert not any(cc.kept(j) for j in jobs)
+    kept = cc.plan_jobs({"gated": {"entries": [entry("softmax", "4096x4096", "rpg=1,tg=256,vec=1")]},
+                         "ungated": {}, "own": {}}, [("softmax", "4096x4096")])
+    assert [cc.kept(j) for j in kept] == [True]
 
 
 def test_plan_leaves_one_kernel_out(cc: Any, tmp_path: Path) -> None:

@@ -3,8 +3,10 @@ compositions (MLX has no custom CPU kernels), including a broken, a crashing and
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
+import time
 
 import mlx.core as mx
 import numpy as np
@@ -179,3 +181,35 @@ def test_golden_stats_over_chunks_match_a_float64_copy() -> None:
     assert got["std"] == pytest.approx(float(x.std()), rel=1e-9)
     assert got["abs_mean"] == pytest.approx(float(np.abs(x).mean()), rel=1e-12)
     assert (got["min"], got["max"]) == (float(x.min()), float(x.max()))
+
+
+def _slow_start_spec() -> KernelSpec:
+    """The tiny spec with one custom candidate whose first four launches each pay a 5 ms one-time
+    cost (as a first allocation might): the correctness check, the warm-up and the calibration's
+    first pass of two."""
+    def build(config, backend, shape, dtype):
+        calls = 0
+
+        def fn(xs):
+            nonlocal calls
+            calls += 1
+            if calls <= 4:
+                time.sleep(0.005)
+            return [xs[0] * 2]
+        return fn
+    return dataclasses.replace(tiny_spec(("1",)), build=build)
+
+
+@pytest.mark.parametrize("check_rounds", [0, 3])
+def test_calibration_checks_that_a_round_is_long_enough(check_rounds):
+    m = measurer(_slow_start_spec(), check_rounds=check_rounds)
+    m.measure(["v=1"], 2)
+    trial = m.trials["v=1"]
+    if check_rounds == 0:
+        # read from the first pass alone (5 ms a launch), a round would be one launch: the fixed
+        # start-and-drain cost of every round lands on that one launch
+        assert trial.launches_per_round == 1
+    else:
+        # a full round of K launches was timed, far short of 4 ms, and K scaled up from it
+        assert trial.launches_per_round > 1
+        assert trial.calibration_us < 5000
