@@ -1,6 +1,7 @@
-"""Does a side-by-side timing reproduce itself? Fresh measurements of the same configs, with the
-Measurer's calibration checked (a full round of K launches timed, K scaled up while the round falls
-short of 4 ms) and unchecked (K read from one short pass, as before 2026-11-27).
+"""Does a side-by-side timing reproduce itself? Fresh measurements of the same configs by the
+Measurer as it was before 2026-11-27 (K, the launches per round, read from one short calibration
+pass and never revised) and as it is now (K checked by a full round, and scaled up after a timed
+round that lasts under half of 4 ms).
 
     python3 benchmarks/referee_check.py --out $OUT/referee_check.txt     # on the GPU host
 
@@ -8,12 +9,13 @@ Why: in ``results/h100_transfer.jsonl`` (NVIDIA H100 80GB HBM3) one config per r
 timed 1.1-1.8x slower by the side-by-side referee than by the tune minutes before in the same
 process, with a wide spread (add_rmsnorm 4096x4096 hint=1: 53.3 µs in the tune, 74-181 µs in the
 referee), while the others in those rounds matched their tune within 3 %. A round of too few launches
-is mostly its fixed start-and-drain cost; K read from a first short pass that paid one-time costs
-would be too small. The cases are those rows, with the configs the referee timed.
+is mostly its fixed start-and-drain cost; K read from a short pass that paid a one-time or passing
+cost is too small. The cases are those rows (and one from the H200 run of 2026-11-27: moe_combine
+16384x2x4096 hint=2, K 8), with the configs the referee timed.
 
-For each case, ``--repeats`` times, alternately unchecked then checked (so drift hits both alike): a
-fresh Measurer times the configs side by side, ``--rounds`` interleaved rounds; per config: launches
-per round, the calibration's per-launch µs, median, p10 and p90.
+For each case, ``--repeats`` times, before then now (so drift hits both alike): a fresh Measurer
+times the configs side by side, ``--rounds`` interleaved rounds; per config: launches per round,
+the calibration's per-launch µs, the resizes, median, p10 and p90.
 """
 
 from __future__ import annotations
@@ -42,8 +44,10 @@ CASES = [
     ("int4_dequantize", "8192x8192", ["ipt=1,tg=128,vec=1", "ipt=2,tg=64,vec=1", "builtin"]),
     ("softmax", "4096x4096", ["rpg=1,tg=256,vec=1", "rpg=1,tg=128,vec=1", "builtin"]),
     ("topk_gating_softmax", "16384x256", ["tg=512,vec=4", "tg=128,vec=1", "builtin"]),
+    ("moe_combine", "16384x2x4096", ["hint=2,ipt=1,tg=1024,vec=8", "ipt=1,tg=256,vec=8", "builtin"]),
 ]
-MODES = {"unchecked": 0, "checked": 3}
+# before: K from one short pass, never revised (the Measurer until 2026-11-27); now: the defaults
+MODES: dict[str, dict[str, Any]] = {"before": {"check_rounds": 0, "resize_rounds": False}, "now": {}}
 CACHE_BYTES = 8 << 30  # as session.TURN_CACHE_BYTES: the cache a cross-chip unit times with
 
 
@@ -51,15 +55,15 @@ def measure_case(kernel: str, shape: str, keys: list[str], rounds: int, repeats:
     spec = kb.memoize_inputs(get_spec(kernel), 2)
     rows = []
     for rep in range(repeats):
-        for mode, checks in MODES.items():
+        for mode, kw in MODES.items():
             measurer, _ = kb.side_by_side_measured(spec, parse_shape(shape), "bfloat16", keys, rounds,
-                                                   seed=rep, check_rounds=checks)
+                                                   seed=rep, **kw)
             for key in keys:
                 t = measurer.trials[key]
                 s = t.samples_us if t.ok else []
                 p10, p50, p90 = np.percentile(s, [10, 50, 90]).tolist() if s else (None,) * 3
                 rows.append({"kernel": kernel, "shape": shape, "repeat": rep, "mode": mode, "config": key,
-                             "status": t.status, "k": t.launches_per_round,
+                             "status": t.status, "k": t.launches_per_round, "resized": t.resized,
                              "calibration_us": t.calibration_us,
                              "median_us": p50, "p10_us": p10, "p90_us": p90})
     return rows
@@ -70,11 +74,11 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         return "-" if x is None else f"{x:.1f}"
 
     out = [f"{'kernel':<20} {'shape':<10} {'config':<26} {'rep':>3} {'mode':<9} {'K':>5} {'cal µs':>7} "
-           f"{'median':>7} {'p10':>7} {'p90':>7}"]
+           f"{'resized':>7} {'median':>7} {'p10':>7} {'p90':>7}"]
     for r in rows:
         out.append(f"{r['kernel']:<20} {r['shape']:<10} {r['config']:<26} {r['repeat']:>3} {r['mode']:<9} "
-                   f"{r['k']:>5} {f(r['calibration_us']):>7} {f(r['median_us']):>7} {f(r['p10_us']):>7} "
-                   f"{f(r['p90_us']):>7}")
+                   f"{r['k']:>5} {f(r['calibration_us']):>7} {r['resized']:>7} {f(r['median_us']):>7} "
+                   f"{f(r['p10_us']):>7} {f(r['p90_us']):>7}")
     return out
 
 
@@ -89,8 +93,10 @@ def main() -> int:
     for kernel, shape, keys in CASES:
         rows += measure_case(kernel, shape, keys, args.rounds, args.repeats)
         print(f"{kernel} {shape} done", file=sys.stderr, flush=True)
-    lines = [f"referee check on {detect_chip().name}: {args.repeats} repeats x (unchecked, checked), "
-             f"{args.rounds} side-by-side rounds each; K = launches per round", *table(rows)]
+    lines = [f"referee check on {detect_chip().name}: {args.repeats} repeats x (before, now), "
+             f"{args.rounds} side-by-side rounds each; K = launches per round (at the end); cal µs = the "
+             "calibration's last per-launch time; resized = timed rounds under 2 ms that scaled K up",
+             *table(rows)]
     text = "\n".join(lines) + "\n"
     print(text, end="")
     if args.out:

@@ -13,12 +13,15 @@
   ``min_round_s`` by over 10 %, K is scaled up from it (``check_rounds`` times at most). A short
   pass can carry one-time costs (the first launches' output buffers allocated, clocks ramping up)
   and so set K too low; a round of too few launches is then mostly its fixed start-and-drain cost,
-  slow and noisy. A round also pays a fixed cost to start and drain the queue. On an H100 host
-  (``benchmarks/results/h100_launch_floor.txt``) a 200 µs kernel's median (layernorm 16384x8192)
-  came out 11 % above its 16 ms-round median with 1 ms rounds, 3 % with 4 ms rounds; a 1 GiB copy
-  8 % and 2 %. The calibration's last timing (at least a quarter round) is kept apart from the
-  samples: search strategies may use it to screen candidates (:meth:`Measurer.best_seen`); reports
-  hold only the timed rounds.
+  slow and noisy. A slow phase can outlast the calibration (on an H200, moe_combine 16384x2x4096
+  hint=2: 490 µs a launch through the calibration's rounds, 102 µs after, K 8 where 40 was due), so
+  a timed round that lasts under half of ``min_round_s`` scales K up for the rounds after it (its
+  own sample is kept; ``resize_rounds``). A round also pays a fixed cost to start and drain the
+  queue. On an H100 host (``benchmarks/results/h100_launch_floor.txt``) a 200 µs kernel's median
+  (layernorm 16384x8192) came out 11 % above its 16 ms-round median with 1 ms rounds, 3 % with
+  4 ms rounds; a 1 GiB copy 8 % and 2 %. The calibration's last timing (at least a quarter round)
+  is kept apart from the samples: search strategies may use it to screen candidates
+  (:meth:`Measurer.best_seen`); reports hold only the timed rounds.
 - A round times K launches (each ``mx.async_eval``'d) between synchronizations; one sample is the
   round time / K, in microseconds. Rounds visit the candidates in a freshly shuffled (seeded)
   order each time, so drift (clocks, heat, other tenants) hits all candidates alike.
@@ -71,6 +74,7 @@ class Trial:
     max_rel_err: float | None = None
     launches_per_round: int = 1
     calibration_us: float | None = None  # per-launch time of the calibration's last timing
+    resized: int = 0  # times a timed round fell under half of min_round_s and K was scaled up after it
     fn: KernelFn | None = field(default=None, repr=False)
 
     @property
@@ -118,12 +122,13 @@ class Measurer:
     def __init__(self, spec: KernelSpec, backend: Backend, shape: Shape, dtype: str,
                  inputs: Sequence[mx.array], reference: Sequence[mx.array], configs: Sequence[Config], *,
                  seed: int = 0, min_round_s: float = 4e-3, max_launches: int = 4096, warmup: int = 1,
-                 check_rounds: int = 3, on_step: Callable[[], None] | None = None) -> None:
+                 check_rounds: int = 3, resize_rounds: bool = True,
+                 on_step: Callable[[], None] | None = None) -> None:
         self.spec, self.backend, self.shape, self.dtype = spec, backend, shape, dtype
         self.inputs, self.reference = list(inputs), list(reference)
         self.tol = spec.tolerance(dtype)
         self.min_round_s, self.max_launches, self.warmup = min_round_s, max_launches, warmup
-        self.check_rounds = check_rounds
+        self.check_rounds, self.resize_rounds = check_rounds, resize_rounds
         self.rng = random.Random(seed)
         self.on_step = on_step or (lambda: None)
         self.trials: dict[str, Trial] = {}
@@ -235,6 +240,10 @@ class Measurer:
                     trial.fail(LAUNCH_ERROR, e)
                     continue
                 trial.samples_us.append(elapsed / trial.launches_per_round * 1e6)
+                if (self.resize_rounds and elapsed < 0.5 * self.min_round_s
+                        and trial.launches_per_round < self.max_launches):
+                    trial.launches_per_round = self._launches_for(trial.launches_per_round, elapsed)
+                    trial.resized += 1
                 self.on_step()
         self.measure_s += time.perf_counter() - t0
         return {k: self.trials[k].median() for k in keys}

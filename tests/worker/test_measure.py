@@ -183,17 +183,17 @@ def test_golden_stats_over_chunks_match_a_float64_copy() -> None:
     assert (got["min"], got["max"]) == (float(x.min()), float(x.max()))
 
 
-def _slow_start_spec() -> KernelSpec:
-    """The tiny spec with one custom candidate whose first four launches each pay a 5 ms one-time
-    cost (as a first allocation might): the correctness check, the warm-up and the calibration's
-    first pass of two."""
+def _slow_start_spec(slow_calls: int = 4) -> KernelSpec:
+    """The tiny spec with one custom candidate whose first ``slow_calls`` launches each take 5 ms
+    more (a one-time cost, as a first allocation might; four: the correctness check, the warm-up
+    and the calibration's first pass of two)."""
     def build(config, backend, shape, dtype):
         calls = 0
 
         def fn(xs):
             nonlocal calls
             calls += 1
-            if calls <= 4:
+            if calls <= slow_calls:
                 time.sleep(0.005)
             return [xs[0] * 2]
         return fn
@@ -203,7 +203,7 @@ def _slow_start_spec() -> KernelSpec:
 @pytest.mark.parametrize("check_rounds", [0, 3])
 def test_calibration_checks_that_a_round_is_long_enough(check_rounds):
     m = measurer(_slow_start_spec(), check_rounds=check_rounds)
-    m.measure(["v=1"], 2)
+    m.prepare(["v=1"])
     trial = m.trials["v=1"]
     if check_rounds == 0:
         # read from the first pass alone (5 ms a launch), a round would be one launch: the fixed
@@ -213,3 +213,15 @@ def test_calibration_checks_that_a_round_is_long_enough(check_rounds):
         # a full round of K launches was timed, far short of 4 ms, and K scaled up from it
         assert trial.launches_per_round > 1
         assert trial.calibration_us < 5000
+
+
+def test_a_round_far_too_short_resizes_the_rounds_after_it():
+    # slow through the calibration and its one-launch check round (five calls), fast from the first
+    # timed round: K stays 1 through the calibration, and the first timed round resizes it
+    m = measurer(_slow_start_spec(slow_calls=5), check_rounds=1)
+    m.prepare(["v=1"])
+    assert m.trials["v=1"].launches_per_round == 1
+    m.measure(["v=1"], 3)
+    trial = m.trials["v=1"]
+    assert trial.launches_per_round > 1 and trial.resized >= 1
+    assert len(trial.samples_us) == 3  # the short round's sample is kept
