@@ -60,12 +60,14 @@ bench-launch-floor: $(STAMP) ## Round length and mx.compile vs per-launch median
 bench-predict: $(STAMP) ## Held-out config predictions on the committed GPU reports (+ their side-by-side runs)
 	$(BIN)/python benchmarks/predict.py
 
-CROSS_CHIP ?= h100
-CROSS_CHIP_RUNS ?= $(wildcard benchmarks/results/$(CROSS_CHIP)_transfer.jsonl benchmarks/results/$(CROSS_CHIP)_transfer_run*[0-9].jsonl)
-bench-cross-chip: $(STAMP) ## Cross-chip profile (CROSS_CHIP=h100 from H200 reports) vs tuned on that GPU; PLAN=1 re-plans
-	$(if $(PLAN),$(BIN)/python benchmarks/cross_chip.py plan --target $(CROSS_CHIP))
-	$(BIN)/python benchmarks/cross_chip.py score --jobs benchmarks/results/$(CROSS_CHIP)_transfer_jobs.jsonl \
-	  $(CROSS_CHIP_RUNS) --out benchmarks/results/$(CROSS_CHIP)_transfer.txt
+CROSS_CHIP ?= h200_transfer_run
+CROSS_CHIP_FILE = benchmarks/results/$(CROSS_CHIP)
+CROSS_CHIP_RUNS ?= $(wildcard $(CROSS_CHIP_FILE).jsonl $(CROSS_CHIP_FILE)[0-9].jsonl $(CROSS_CHIP_FILE)_all.jsonl)
+bench-cross-chip: $(STAMP) ## Cross-chip profile vs tuned on that GPU (CROSS_CHIP=h200_transfer_run: H200 from H100 reports; h100_transfer: the reverse); PLAN=1 re-plans
+	$(if $(PLAN),$(BIN)/python benchmarks/cross_chip.py plan --target $(firstword $(subst _, ,$(CROSS_CHIP))) \
+	  --out $(CROSS_CHIP_FILE)_jobs.jsonl)
+	$(BIN)/python benchmarks/cross_chip.py score --jobs $(CROSS_CHIP_FILE)_jobs.jsonl $(CROSS_CHIP_RUNS) \
+	  --out $(CROSS_CHIP_FILE).txt $(if $(wildcard $(CROSS_CHIP_FILE)_note.txt),--note "$$(cat $(CROSS_CHIP_FILE)_note.txt)")
 
 bench-dashboard: $(STAMP) ## Dashboard page server times over 1,000,000 stored trials
 	$(BIN)/python benchmarks/dashboard.py

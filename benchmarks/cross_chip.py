@@ -1,16 +1,18 @@
 """Cross-chip prediction, on the GPU: a profile for one GPU kind built from the other kind's reports
 only, scored side by side against configs tuned on that GPU in the same run (issue 12).
 
-    python benchmarks/cross_chip.py plan --target h100     # CPU -> results/h100_transfer_jobs.jsonl
+    python benchmarks/cross_chip.py plan --target h200 --out results/h200_transfer_run_jobs.jsonl  # CPU
     # on the GPU host, after `source .mlxcuda/b/setup.sh`, with kernels/ and worker/ copied to
     # /tmp/kf/kernelfleet and PYTHONPATH=/tmp/kf:$PYTHONPATH (as benchmarks/multi_gpu.sh does); a few
-    # kernels per call (NVRTC compiles every unit's candidates in parallel first: 2-4 kernels, 3-8
-    # minutes on an H100; 6 kernels did not get past compiling in 8):
-    python3 benchmarks/cross_chip.py run --jobs benchmarks/results/h100_transfer_jobs.jsonl \
-        --outdir $OUT --tag h100_transfer --kernels rope,topk_gating_softmax
+    # kernels per call (NVRTC compiles every unit's candidates in parallel first, cold: 2-4 kernels,
+    # 3-8 minutes on an H100, 3-6 on an H200; 6 kernels did not get past compiling in 8; a warm PTX
+    # cache on the same machine: seconds). The call's limit must exceed --budget + 60 s: the results
+    # are gathered at the end. --kept-only times only the entries the profile keeps:
+    python3 benchmarks/cross_chip.py run --jobs benchmarks/results/h200_transfer_run_jobs.jsonl \
+        --outdir $OUT --tag h200_transfer_run --kernels rope,topk_gating_softmax [--kept-only]
     # anywhere: one result file per run (the first is tabled; a run's calls appended into one file)
-    python benchmarks/cross_chip.py score --jobs results/h100_transfer_jobs.jsonl \
-        results/h100_transfer.jsonl --out results/h100_transfer.txt
+    python benchmarks/cross_chip.py score --jobs results/h200_transfer_run_jobs.jsonl \
+        results/h200_transfer_run.jsonl results/h200_transfer_run2.jsonl --out results/h200_transfer_run.txt
 
 **plan** (needs the coordinator's packages: SQLAlchemy, pydantic) loads the committed reports of both
 GPUs (``benchmarks/results/*_tuning.jsonl``) into temporary SQLite databases through the service's own
@@ -712,7 +714,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("plan", help="build the target's profile from the other GPU's reports (CPU)")
     p.add_argument("--target", choices=sorted(CHIPS), required=True)
-    p.add_argument("--out", type=Path)
+    p.add_argument("--out", type=Path, required=True,
+                   help="the jobs file (no default: a committed one records what was planned before a run)")
     r = sub.add_parser("run", help="tune and time the jobs on this GPU")
     r.add_argument("--jobs", type=Path, required=True)
     r.add_argument("--outdir", type=Path, required=True)
@@ -734,7 +737,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     s.add_argument("--note", help="a line under the title (e.g. that the runs predate the plan)")
     args = ap.parse_args(argv)
     if args.cmd == "plan":
-        return plan(args.target, args.out or RESULTS / f"{args.target}_transfer_jobs.jsonl")
+        return plan(args.target, args.out)
     if args.cmd == "run":
         os.environ.setdefault("MLX_ENABLE_CACHE_THRASHING_CHECK", "0")
         return run(args.jobs, args.outdir, args.kernels.split(",") if args.kernels else None, args.budget,
