@@ -14,7 +14,7 @@
   pass can carry one-time costs (the first launches' output buffers allocated, clocks ramping up)
   and so set K too low; a round of too few launches is then mostly its fixed start-and-drain cost,
   slow and noisy. A slow phase can outlast the calibration (on an H200, moe_combine 16384x2x4096
-  hint=2: 490 µs a launch through the calibration's rounds, 102 µs after, K 8 where 40 was due), so
+  hint=2: 490 µs a launch in the calibration's last round, 102 µs after, K 8 where 40 was due), so
   a timed round that lasts under half of ``min_round_s`` scales K up for the rounds after it (its
   own sample is kept; ``resize_rounds``). A round also pays a fixed cost to start and drain the
   queue. On an H100 host (``benchmarks/results/h100_launch_floor.txt``) a 200 µs kernel's median
