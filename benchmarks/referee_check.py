@@ -13,6 +13,11 @@ is mostly its fixed start-and-drain cost; K read from a short pass that paid a o
 cost is too small. The cases are those rows (and one from the H200 run of 2026-11-27: moe_combine
 16384x2x4096 hint=2, K 8), with the configs the referee timed.
 
+Found (``results/h200_referee_check.txt``, ``results/h100_referee_check.txt``): on an NVIDIA H200 the
+Measurer before left 4 of 54 config measurements with K 6-31 where 10-74 were due, their medians
+3-5 % high, and none of 54 now; on an NVIDIA H100 80GB HBM3, in a process of its own, no config was
+timed apart from its peers either way: the cross-chip run's 1.1-1.8x disagreements belong to that run.
+
 For each case, ``--repeats`` times, before then now (so drift hits both alike): a fresh Measurer
 times the configs side by side, ``--rounds`` interleaved rounds; per config: launches per round,
 the calibration's per-launch µs, the resizes, median, p10 and p90.
