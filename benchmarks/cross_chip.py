@@ -276,19 +276,16 @@ def referee(kb: Any, spec: Any, shape: tuple[int, ...], dtype: str, keys: Sequen
     """``keys`` timed side by side (``kernels.side_by_side_measured``: one Measurer, interleaved
     shuffled rounds, each checked against the reference first): per key its median, p10, p90, the
     per-round samples and its launches per round."""
-    import numpy as np
-
     keys = list(dict.fromkeys(keys))
     measurer, _ = kb.side_by_side_measured(spec, shape, dtype, keys, rounds, seed)
     out: dict[str, dict[str, Any]] = {}
     for key in keys:
         trial = measurer.trials[key]
-        samples = trial.samples_us if trial.ok else []
-        p10, p50, p90 = (np.percentile(samples, [10, 50, 90]).tolist() if samples else (None,) * 3)
-        out[key] = {"status": trial.status, "error": (trial.error or "")[:300] or None, "median_us": p50,
-                    "p10_us": p10, "p90_us": p90, "n": len(samples),
+        stats = trial.to_report()
+        out[key] = {"status": trial.status, "error": (trial.error or "")[:300] or None,
+                    **{k: stats[k] for k in ("median_us", "p10_us", "p90_us", "n")},
                     "launches_per_round": trial.launches_per_round, "calibration_us": trial.calibration_us,
-                    "samples_us": [round(s, 3) for s in samples]}
+                    "samples_us": [round(s, 3) for s in measurer.samples(key)]}
     return out
 
 

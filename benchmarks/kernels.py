@@ -259,7 +259,8 @@ def side_by_side_measured(spec: KernelSpec, shape: Shape, dtype: str, keys: Sequ
                           rounds: int = REFEREE_ROUNDS, seed: int = 0,
                           **measurer_kw: Any) -> tuple[Measurer, dict[str, float | None]]:
     """:func:`side_by_side`, also returning its Measurer (each key's trial: status, raw samples,
-    launches per round); ``measurer_kw`` go to the Measurer (``check_rounds``, ``min_round_s``)."""
+    launches per round); ``measurer_kw`` go to the Measurer (``check_rounds``, ``resize_rounds``,
+    ``min_round_s``)."""
     be = detect_backend()
     keys = list(dict.fromkeys(keys))
     with mx.stream(be.device):

@@ -38,7 +38,6 @@ kb: Any = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(kb)
 
 import mlx.core as mx  # noqa: E402
-import numpy as np  # noqa: E402
 
 from kernelfleet.kernels.catalog import get_spec  # noqa: E402
 from kernelfleet.kernels.spec import parse_shape  # noqa: E402
@@ -65,12 +64,11 @@ def measure_case(kernel: str, shape: str, keys: list[str], rounds: int, repeats:
                                                    seed=rep, **kw)
             for key in keys:
                 t = measurer.trials[key]
-                s = t.samples_us if t.ok else []
-                p10, p50, p90 = np.percentile(s, [10, 50, 90]).tolist() if s else (None,) * 3
+                stats = t.to_report()
                 rows.append({"kernel": kernel, "shape": shape, "repeat": rep, "mode": mode, "config": key,
                              "status": t.status, "k": t.launches_per_round, "resized": t.resized,
                              "calibration_us": t.calibration_us,
-                             "median_us": p50, "p10_us": p10, "p90_us": p90})
+                             **{k: stats[k] for k in ("median_us", "p10_us", "p90_us")}})
     return rows
 
 
