@@ -7,6 +7,9 @@ STAMP  := $(VENV)/.installed-stamp
 HOST   ?= 127.0.0.1
 PORT   ?= 8600
 PYTEST_ARGS ?=
+# pytest processes (pytest-xdist; 0 = one process). Each test file runs whole in one of them; most tests
+# wait on a coordinator subprocess, so 4 suit a 2-core host (README: Two commands).
+PYTEST_WORKERS ?= 4
 
 .DEFAULT_GOAL := help
 .PHONY: help venv run test lint typecheck pytest bench-kernels bench-search bench-gpu bench-launch-floor bench-predict bench-cross-chip bench-dashboard bench-load bench-detector bench-profiles bench-calibration clean test-metal-model test-metal
@@ -35,8 +38,8 @@ lint: $(STAMP) ## ruff
 typecheck: $(STAMP) ## mypy over service/, worker/, kernels/, web/ and kernelfleet/
 	$(BIN)/mypy service worker kernels web kernelfleet
 
-pytest: $(STAMP) ## pytest (SQLite always; PostgreSQL too when KERNELFLEET_TEST_POSTGRES_URL is set)
-	$(BIN)/pytest $(PYTEST_ARGS)
+pytest: $(STAMP) ## pytest in PYTEST_WORKERS processes (SQLite; PostgreSQL too when KERNELFLEET_TEST_POSTGRES_URL is set)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-metal-model: $(STAMP) ## Metal without a Mac (needs clang++): strict MSL compile model + CPU emulator of Metal
 	$(BIN)/pytest -q -s tests/kernels/test_metal_render.py tests/kernels/test_metal_emu.py tests/worker/test_pipeline_limit.py
