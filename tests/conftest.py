@@ -71,7 +71,7 @@ class MigratedTemplates:
     """One database per backend and test process, migrated by ``kernelfleet db upgrade`` the first
     time a test asks for it and copied for every test after (a file copy on SQLite, ``CREATE
     DATABASE ... TEMPLATE`` on PostgreSQL): the upgrade subprocess costs about 1.5 s of CPU, a copy
-    milliseconds, and some 400 tests start on a migrated database."""
+    milliseconds, and some 200 tests start on a migrated database."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
