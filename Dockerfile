@@ -3,6 +3,8 @@ FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
+# pyproject.toml's package-dir maps the top-level package to kernelfleet/ and the rest to the folders below
+COPY kernelfleet ./kernelfleet
 COPY service ./service
 COPY worker ./worker
 COPY web ./web

@@ -1,34 +1,57 @@
-# KernelFleet. `make run` starts the coordinator, its dashboard and a local worker on SQLite;
-# `make test` runs ruff, mypy and pytest. Both build their own virtualenv (.venv) first.
+# KernelFleet. `make run` starts the coordinator, its dashboard and a local worker on SQLite (installing
+# only what they need); `make test` runs ruff, mypy and pytest (installing the dev tools). Both build
+# their own virtualenv (.venv) first.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 HOST   ?= 127.0.0.1
 PORT   ?= 8600
+# the address other machines reach `make run` at (KERNELFLEET_PUBLIC_URL): needed with HOST=0.0.0.0
+PUBLIC_URL ?=
 PYTEST_ARGS ?=
 # pytest processes (pytest-xdist; 0 = one process). Each test file runs whole in one of them; most tests
 # wait on a coordinator subprocess, so 4 suit a 2-core host (README: Two commands).
 PYTEST_WORKERS ?= 4
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run test lint typecheck pytest bench-kernels bench-search bench-gpu bench-launch-floor bench-predict bench-cross-chip bench-dashboard bench-load bench-detector bench-profiles bench-calibration clean test-metal-model test-metal
+.PHONY: help venv run demo test test-full lint typecheck pytest bench-kernels bench-search bench-gpu bench-launch-floor bench-predict bench-cross-chip bench-dashboard bench-load bench-detector bench-profiles bench-profile-build bench-calibration clean test-metal-model test-metal
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-18s %s\n", $$1, $$2}'
 
+# the dev install (make venv, make test) and the run install (make run, make demo: KernelFleet and what
+# it needs, without the dev toolchain); a venv that has the dev install serves both
+RUN_STAMP := $(VENV)/.run-stamp
+SERVICE := $(if $(wildcard $(STAMP)),$(STAMP),$(RUN_STAMP))
+NEEDS_PYTHON := $(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "KernelFleet needs Python 3.11 or newer (macOS'"'"'s /usr/bin/python3 is 3.9): install one (brew install python@3.12, or python.org), then pass it: make ... PYTHON=python3.12")'
+ON_PATH := kernelfleet is at $(abspath $(BIN))/kernelfleet: to type plain `kernelfleet` in another shell, run `source $(abspath $(BIN))/activate` (or export PATH="$(abspath $(BIN)):$$PATH")
+
 $(STAMP): pyproject.toml
-	$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "KernelFleet needs Python 3.11 or newer")'
+	$(NEEDS_PYTHON)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+$(RUN_STAMP): pyproject.toml
+	$(NEEDS_PYTHON)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e .
+	touch $(RUN_STAMP)
+
 venv: $(STAMP) ## Create .venv and install KernelFleet (editable) with its dev tools
 
-run: $(STAMP) ## Coordinator + dashboard + one local worker on SQLite (http://127.0.0.1:8600)
+run: $(SERVICE) ## Coordinator + dashboard + one local worker on SQLite (http://127.0.0.1:8600; on the LAN: HOST=0.0.0.0 PUBLIC_URL=http://ADDRESS:8600); installs no dev tools
+	@echo '$(ON_PATH)'
 	$(BIN)/kernelfleet db upgrade
-	$(BIN)/kernelfleet serve --host $(HOST) --port $(PORT) --local-worker
+	$(BIN)/kernelfleet serve --host $(HOST) --port $(PORT) $(if $(PUBLIC_URL),--public-url $(PUBLIC_URL)) --local-worker
+
+DEMO_REPORTS ?= $(wildcard benchmarks/results/*_tuning.jsonl)
+demo: $(SERVICE) ## The shipped GPU reports (H100, H200) beside this machine's CPU, on a database of its own (http://127.0.0.1:8600)
+	@echo '$(ON_PATH)'
+	$(BIN)/kernelfleet demo $(DEMO_REPORTS) --host $(HOST) --port $(PORT)
 
 test: lint typecheck pytest ## Everything CI checks: ruff, mypy and pytest
 
@@ -41,15 +64,23 @@ typecheck: $(STAMP) ## mypy over service/, worker/, kernels/, web/ and kernelfle
 pytest: $(STAMP) ## pytest in PYTEST_WORKERS processes (SQLite; PostgreSQL too when KERNELFLEET_TEST_POSTGRES_URL is set)
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
+test-full: ## make test with every big sweep whole (make test samples them, rotating daily: tests/sampling.py); hours
+	KERNELFLEET_TEST_FULL=1 $(MAKE) test
+
 test-metal-model: $(STAMP) ## Metal without a Mac (needs clang++): strict MSL compile model + CPU emulator of Metal
-	$(BIN)/pytest -q -s tests/kernels/test_metal_render.py tests/kernels/test_metal_emu.py tests/worker/test_pipeline_limit.py
+	$(BIN)/pytest -q -s tests/kernels/test_metal_render.py tests/kernels/test_msl_rules.py tests/kernels/test_metal_emu.py tests/worker/test_pipeline_limit.py
 	$(BIN)/pytest -q tests/kernels/test_catalog.py -k metal-emu
 
-test-metal: $(STAMP) ## On an Apple-silicon Mac: every catalog config on Metal; prints a report to paste back
-	$(BIN)/python -m kernelfleet.kernels.testing.mac_report --out metal-report.md
+METAL_BACKEND ?= metal
+test-metal: $(STAMP) ## On an Apple-silicon Mac (QUICK=1: 2-min smoke; METAL_BACKEND=metal-emu: dry run on the emulator): report to paste back
+	$(BIN)/python -m kernelfleet.worker.mac_report --out metal-report.md --backend $(METAL_BACKEND) $(if $(QUICK),--quick)
 
 bench-kernels: $(STAMP) ## Kernel speed: tuned vs MLX built-in vs copy bandwidth, on this machine's GPU
 	$(BIN)/python benchmarks/kernels.py
+
+QUANT_KERNEL ?= quantized_matmul
+bench-quantized: $(STAMP) ## Quantized matmul (QUANT_KERNEL=gather_quantized_matmul: MoE experts): ours vs MLX's op, dequantize+GEMM, dense GEMM, torch, copy (GPU)
+	$(BIN)/python benchmarks/quantized.py --kernel $(QUANT_KERNEL)
 
 bench-search: $(STAMP) ## Successive halving vs exhaustive search: quality and time
 	$(BIN)/python benchmarks/search.py
@@ -81,6 +112,9 @@ bench-load: $(STAMP) ## Coordinator under N simulated workers (API only) + datab
 
 bench-profiles: $(STAMP) ## Profile build and result insert at 1k, 10k, 100k stored results (PostgreSQL)
 	$(BIN)/python benchmarks/profiles.py
+
+bench-profile-build: $(STAMP) ## One profile build after one new result vs a full build, at 10^4..10^6 stats rows (SQLite + PostgreSQL); BUILD_ARGS
+	$(BIN)/python benchmarks/profile_build_cost.py $(if $(KERNELFLEET_TEST_POSTGRES_URL),--postgres $(KERNELFLEET_TEST_POSTGRES_URL)) $(BUILD_ARGS)
 
 bench-calibration: $(STAMP) ## Prediction confidence vs the observed within-5 % rate, held out, on the GPU reports
 	$(BIN)/python benchmarks/calibration.py

@@ -22,6 +22,14 @@ result is the holder's), none done twice, every acknowledged result stored.
 
     python benchmarks/coordinator_load.py --postgres postgresql://postgres@127.0.0.1:5432/test \\
         --workers 1000 --duration 120 --think 30 60
+
+``--scenario realistic`` (issue 33) is the fleet the coordinator meets: 8 chip kinds (5 Apple on
+Metal, 3 NVIDIA on CUDA; worker i is chip i mod 8), each result one of the real reports of the H100
+fleet run (benchmarks/results/h100_fleet_tuning.jsonl, about 40 KB each) with its chip and the
+job's kernel, shape and dtype, and every job a new series (each campaign tunes new shapes).
+``--readers N --reader-route /api/v1/profiles`` adds N unauthenticated readers beside the workers,
+each reading the route back to back. p99 is printed for each half of the window too, so that
+growth (stored data, a background build that grows with it) shows.
 """
 
 from __future__ import annotations
@@ -55,7 +63,12 @@ from kernelfleet.service.models import Job, JobState, Result
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "benchmarks" / "results" / "h100_session_tuning.jsonl"
+FLEET_REPORTS = ROOT / "benchmarks" / "results" / "h100_fleet_tuning.jsonl"  # --scenario realistic
 CHIP, BACKEND = "NVIDIA H100 80GB HBM3", "cuda"
+# --scenario realistic: 5 Apple chips (Metal), 3 NVIDIA (CUDA)
+FLEET_CHIPS = [("Apple M1", "metal"), ("Apple M2 Pro", "metal"), ("Apple M3 Max", "metal"),
+               ("Apple M4", "metal"), ("Apple M4 Max", "metal"), ("NVIDIA H100 80GB HBM3", "cuda"),
+               ("NVIDIA H200", "cuda"), ("NVIDIA A100-SXM4-80GB", "cuda")]
 KERNELS = ["rmsnorm", "layernorm", "softmax", "logsumexp"]
 DTYPES = ["float32", "float16", "bfloat16"]
 
@@ -199,6 +212,8 @@ def host_busy() -> tuple[float, float]:
 @dataclass
 class Stats:
     latency: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    at: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))  # when each was measured
+    reads: Counter[int] = field(default_factory=Counter)  # readers' statuses
     errors: Counter[str] = field(default_factory=Counter)
     lost: int = 0
     acked: list[tuple[int, int, int, str]] = field(default_factory=list)  # job, result, worker, token
@@ -210,8 +225,8 @@ class Stats:
 
 class Fleet:
     def __init__(self, args: argparse.Namespace, bases: list[str], admin: str,
-                 report: dict[str, Any]) -> None:
-        self.args, self.bases, self.admin, self.report = args, bases, admin, report
+                 reports: list[dict[str, Any]]) -> None:
+        self.args, self.bases, self.admin, self.reports = args, bases, admin, reports
         self.stats = Stats()
         self.stop = asyncio.Event()
         self.measuring = False
@@ -221,13 +236,18 @@ class Fleet:
         t0 = time.monotonic()
         try:
             async with http.request(method, url, **kw) as r:
-                body = await r.json() if r.status in (200, 201) else None
+                raw = await r.read()
+                body = json.loads(raw) if r.status in (200, 201) and name != "read" else None
                 status, headers = r.status, dict(r.headers)
         except (aiohttp.ClientError, TimeoutError) as e:
             self.stats.errors[f"{name}: {type(e).__name__}"] += 1
             return 0, None, {}
         if self.measuring:
             self.stats.latency[name].append(time.monotonic() - t0)
+            self.stats.at[name].append(t0)
+        if name == "read":
+            self.stats.reads[status] += 1
+            return status, body, headers
         if status >= 500 or status not in (200, 201, 204, 409):
             self.stats.errors[f"{name}: {status}"] += 1
         return status, body, headers
@@ -238,14 +258,26 @@ class Fleet:
             status, minted, _ = await self.call(http, "enroll-token", "POST",
                                                 f"{base}/api/v1/enroll-tokens", json={}, headers=admin)
             if status == 201:
-                info = {"enrollment_token": minted["token"], "name": f"sim-{i}", "chip": CHIP,
-                        "backend": BACKEND, "os": "Linux", "mlx_version": "0.32.4"}
+                chip, backend = self.chip(i)
+                info = {"enrollment_token": minted["token"], "name": f"sim-{i}", "chip": chip,
+                        "backend": backend, "os": "Linux", "mlx_version": "0.32.4"}
                 status, body, _ = await self.call(http, "enroll", "POST",
                                                   f"{base}/api/v1/workers/enroll", json=info)
                 if status == 201:
                     return int(body["worker_id"]), str(body["token"])
             await asyncio.sleep(1.0)
         raise RuntimeError(f"simulated worker {i} could not enroll")
+
+    def chip(self, i: int) -> tuple[str, str]:
+        return FLEET_CHIPS[i % len(FLEET_CHIPS)] if self.args.scenario == "realistic" else (CHIP, BACKEND)
+
+    async def reader(self, http: aiohttp.ClientSession, i: int) -> None:
+        """An unauthenticated reader of --reader-route, back to back (a 503's Retry-After honoured)."""
+        base = self.bases[i % len(self.bases)]
+        while not self.stop.is_set():
+            status, _, headers = await self.call(http, "read", "GET", base + self.args.reader_route)
+            if status == 503:
+                await self._sleep(float(headers.get("Retry-After", 1)))
 
     async def worker(self, http: aiohttp.ClientSession, i: int, ident: tuple[int, str]) -> None:
         base = self.bases[i % len(self.bases)]
@@ -268,8 +300,10 @@ class Fleet:
             held = await self._hold(http, job_url, body, auth, rng, lease["lease_seconds"], first)
             first = False
             if held == "done":
-                report = dict(self.report, kernel=lease["kernel"], shape=lease["shape"],
-                              dtype=lease["dtype"])
+                chip, backend = self.chip(i)
+                base_report = rng.choice(self.reports)
+                report = dict(base_report, kernel=lease["kernel"], shape=lease["shape"], dtype=lease["dtype"],
+                              env=dict(base_report["env"], chip=chip, backend=backend))
                 status, answer, _ = await self.call(http, "result", "POST", f"{job_url}/result",
                                                     json={**body, "report": report}, headers=auth)
                 if status in (200, 201):
@@ -395,12 +429,14 @@ async def run(args: argparse.Namespace) -> list[str]:
         servers.append((lb, lb_port))
     bases = ([f"http://127.0.0.1:{servers[-1][1]}"] if args.nginx else
              [f"http://127.0.0.1:{port}" for _, port in servers])
-    report = max((json.loads(line) for line in REPORTS.read_text().splitlines()),
-                 key=lambda r: len(json.dumps(r)))
-    report["env"].update(chip=CHIP, backend=BACKEND)
+    if args.scenario == "realistic":
+        reports = [json.loads(line) for line in FLEET_REPORTS.read_text().splitlines() if line.strip()]
+    else:
+        reports = [max((json.loads(line) for line in REPORTS.read_text().splitlines()),
+                       key=lambda r: len(json.dumps(r)))]
     connector = aiohttp.TCPConnector(limit=args.connections)
     timeout = aiohttp.ClientTimeout(total=args.lease_wait + 60)
-    fleet = Fleet(args, bases, admin, report)
+    fleet = Fleet(args, bases, admin, reports)
     out: list[str] = []
     spy = None
     try:
@@ -430,6 +466,7 @@ async def run(args: argparse.Namespace) -> list[str]:
             lag = asyncio.create_task(fleet.watch_lag())
             watch = asyncio.create_task(fleet.watch_database(url)) if args.postgres else None
             tasks = [asyncio.create_task(fleet.worker(http, i, idents[i])) for i in range(args.workers)]
+            tasks += [asyncio.create_task(fleet.reader(http, i)) for i in range(args.readers)]
             fleet.measuring = True
             cpu0, pg0, host0 = cpu_seconds(pids), cpu_seconds(postgres_pids()), host_busy()
             me0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
@@ -461,12 +498,25 @@ async def run(args: argparse.Namespace) -> list[str]:
                f"{args.replicas} replica(s) x {args.server_workers} process(es), "
                f"{'through nginx' if args.nginx else 'direct'}, {args.connections} client connections, "
                f"{'PostgreSQL' if args.postgres else 'SQLite'}; measured {wall:.0f} s")
-    out.append(f"{'endpoint':12s} {'count':>7s} {'req/s':>7s} {'p50 ms':>8s} {'p99 ms':>8s} {'max ms':>8s}")
-    for name in ("lease", "heartbeat", "result", "release"):
+    if args.scenario == "realistic":
+        sizes = sorted(len(json.dumps(r)) for r in reports)
+        out.append(f"scenario realistic: {len(FLEET_CHIPS)} chip kinds, {len(reports)} reports of "
+                   f"{FLEET_REPORTS.name} ({sizes[0] / 1e3:.0f}-{sizes[-1] / 1e3:.0f} KB, median "
+                   f"{statistics.median(sizes) / 1e3:.0f} KB), a new series per job")
+    if args.readers:
+        out.append(f"{args.readers} unauthenticated readers of {args.reader_route}: statuses "
+                   f"{dict(sorted(s.reads.items()))}")
+    out.append(f"{'endpoint':12s} {'count':>7s} {'req/s':>7s} {'p50 ms':>8s} {'p99 ms':>8s} {'max ms':>8s} "
+               f"{'p99 1st half':>13s} {'p99 2nd half':>13s}")
+    for name in ("lease", "heartbeat", "result", "release", "read"):
         v = s.latency.get(name, [])
         if v:
+            mid = t0 + wall / 2
+            halves = [[x for x, at in zip(v, s.at[name], strict=True) if (at < mid) == first]
+                      for first in (True, False)]
+            p99s = [f"{pct(h, 0.99) * 1e3:13.1f}" if h else f"{'-':>13s}" for h in halves]
             out.append(f"{name:12s} {len(v):7d} {len(v) / wall:7.1f} {statistics.median(v) * 1e3:8.1f} "
-                       f"{pct(v, 0.99) * 1e3:8.1f} {max(v) * 1e3:8.1f}")
+                       f"{pct(v, 0.99) * 1e3:8.1f} {max(v) * 1e3:8.1f} {' '.join(p99s)}")
     out.append(f"jobs/s: {acked / wall:.2f} ({acked} results acknowledged in the window)")
     out.append(f"errors: {sum(s.errors.values())} {dict(s.errors) if s.errors else ''}".rstrip())
     out.append(f"lost leases (409 on a heartbeat or result of a live worker): {s.lost}")
@@ -507,6 +557,11 @@ def main() -> None:
                    help="put nginx with deploy/nginx.conf in front of the replicas (its CPU counts as "
                         "the server's)")
     p.add_argument("--connections", type=int, default=500, help="client connection pool size")
+    p.add_argument("--scenario", choices=("simple", "realistic"), default="simple",
+                   help="simple: one chip kind, the largest session report; realistic: 8 chip kinds "
+                        "(5 Apple, 3 NVIDIA), the H100 fleet run's ~40 KB reports, a new series per job")
+    p.add_argument("--readers", type=int, default=0, help="unauthenticated readers beside the workers")
+    p.add_argument("--reader-route", default="/api/v1/profiles", help="what the readers read")
     p.add_argument("--profile", type=Path, help="sample the coordinator with py-spy (pip install py-spy) "
                                                 "during the measured window; raw folded stacks to this file")
     p.add_argument("--out", type=Path, help="also write the summary to this file")

@@ -292,9 +292,9 @@ def referee(kb: Any, spec: Any, shape: tuple[int, ...], dtype: str, keys: Sequen
 def run_unit(unit: dict[str, Any], sync: Path, outdir: Path, rounds: int, deadline: float) -> None:
     import mlx.core as mx
 
+    from kernelfleet.chips import detect_chip
     from kernelfleet.kernels.catalog import get_spec
     from kernelfleet.kernels.spec import parse_shape
-    from kernelfleet.worker.chip import detect_chip
     from kernelfleet.worker.tuner import tune_spec
 
     session, kb = _load("session"), _load("kernels")
@@ -373,7 +373,7 @@ def gpu_units(jobs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def run(jobs_path: Path, outdir: Path, kernels: Sequence[str] | None, budget: float, rounds: int,
         tag: str, kept_only: bool = False) -> int:
-    from kernelfleet.worker.chip import detect_chip
+    from kernelfleet.chips import detect_chip
 
     meta, jobs = read_jobs(jobs_path)
     chip = detect_chip().name

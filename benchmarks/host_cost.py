@@ -1,13 +1,13 @@
 """Host time one call adds to a graph being built: MLX's own ops, the catalog's built-ins and a custom
-kernel through :mod:`kernelfleet.kernels.runtime`, with evaluated and with un-evaluated (lazy) inputs.
+kernel through :mod:`kernelfleet.kernels.patch.runtime`, with evaluated and with un-evaluated (lazy) inputs.
 
     python benchmarks/host_cost.py        # on a GPU host: see benchmarks/model.py for the PYTHONPATH
 
 A patched model pays at least this on every call its patch routes. Timed alone, on an idle GPU; inside
 a model's decode step a custom call added 22-56 µs (``benchmarks/patch_cost.py``), and their median,
-36 µs, is ``profile_view.DEFAULT_MIN_GAIN_US``: below that gain a call, ``kernelfleet.patch`` keeps the
-built-in. Only the graph building is timed (the calls are evaluated afterwards); best of 5 rounds of
-400 calls.
+36 µs, is ``profile_view.ROUTED_MIN_GAIN_US``: below that gain a call, ``kernelfleet.patch`` keeps the
+built-in (quantized layers, called by a leaner path, have their own gate: ``DEFAULT_MIN_GAIN_US``).
+Only the graph building is timed (the calls are evaluated afterwards); best of 5 rounds of 400 calls.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from kernelfleet.kernels import runtime
-from kernelfleet.kernels.add_rmsnorm_kernel import _compiled
+from kernelfleet.kernels.catalog.add_rmsnorm_kernel import _compiled
+from kernelfleet.kernels.patch import runtime
 
 N = 400
 EPS = 1e-5

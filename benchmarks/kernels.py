@@ -47,10 +47,10 @@ os.environ.setdefault("MLX_ENABLE_CACHE_THRASHING_CHECK", "0")
 
 import mlx.core as mx  # noqa: E402
 
+from kernelfleet.chips import detect_chip  # noqa: E402
 from kernelfleet.kernels.catalog import all_specs, get_spec  # noqa: E402
 from kernelfleet.kernels.spec import KernelSpec, Shape, format_shape, parse_config_key  # noqa: E402
 from kernelfleet.worker.backends import detect_backend  # noqa: E402
-from kernelfleet.worker.chip import detect_chip  # noqa: E402
 from kernelfleet.worker.measure import Measurer  # noqa: E402
 from kernelfleet.worker.report import report_problems  # noqa: E402
 from kernelfleet.worker.tuner import TuneOutcome, tune_spec  # noqa: E402

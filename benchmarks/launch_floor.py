@@ -28,11 +28,11 @@ from typing import Any
 
 import mlx.core as mx
 
+from kernelfleet.chips import detect_chip
 from kernelfleet.kernels.catalog import get_spec
-from kernelfleet.kernels.launch import compiled_call
+from kernelfleet.kernels.render.launch import compiled_call
 from kernelfleet.kernels.spec import BUILTIN, parse_config_key
 from kernelfleet.worker.backends.registry import detect_backend
-from kernelfleet.worker.chip import detect_chip
 
 _spec = importlib.util.spec_from_file_location("kf_bench_kernels", Path(__file__).with_name("kernels.py"))
 assert _spec and _spec.loader

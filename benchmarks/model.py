@@ -4,11 +4,19 @@
     python benchmarks/model.py run --profile benchmarks/results/h100_model_profile.json \\
         --out benchmarks/results/h100_model.txt
     python benchmarks/model.py run --tiny          # CPU, tiny configs: the whole path end to end
+    # quantized models, tune and run in one command line (repeat it until the tune is done):
+    python benchmarks/model.py run --dtypes 4bit,8bit --kernels quantized_matmul,gather_quantized_matmul \
+        --control --tune benchmarks/results/h100_quant_profile.json \
+        --out benchmarks/results/h100_model_quant.txt
 
 Models: mlx-lm's ``llama`` (Llama-3-8B's config) and ``qwen3_moe`` (Qwen3-30B-A3B's), from the
 committed configs in ``tests/data/models/``, with random weights (no weights can be downloaded) and
 ``--layers`` decoder layers (default 8 of 32 and 48: the per-layer work is the model's; the embedding
-and LM head weigh more with fewer layers), in bfloat16 and 4-bit (``nn.quantize``, group 64).
+and LM head weigh more with fewer layers; ``--layers 0``: all), in bfloat16 and quantized
+(``--dtypes bf16,4bit,8bit``, ``--group``, default 64) as ``mlx_lm.convert`` quantizes: every linear
+layer, the embedding and the MoE experts, Qwen3-MoE's router in 8 bits. A quantized model's profile
+entries are the ``quantized_matmul`` calls its ``QuantizedLinear`` layers make, planned from the
+config.json mlx-lm would write for it (``quantization``, with its per-layer overrides).
 
 ``run`` measures, per model and dtype, one model stock and patched by turns, in interleaved rounds:
 each round times it unpatched and patched (``kernelfleet.patch`` before that side's measurement,
@@ -30,19 +38,26 @@ against the first stock side is this pairing's own noise, printed beside each ro
   the interval lies above or below 1, else *within the noise*;
 - logits: the patched prefill's logits against the stock ones at the longest ``--prefill`` (max
   |diff| / max |logit|, and the share of positions whose argmax agrees);
+- greedy: ``--greedy`` steps of greedy decoding after a 16-token prompt, stock and patched: the
+  tokens must agree at every step before the first where stock's top-2 margin is within the logits'
+  largest difference (``ok``, else ``MISMATCH``);
 - the share of the stock forward's time spent in the ops the patch replaces (Amdahl): each op the
   patch routes, at the shapes and counts one forward calls it (counted through the patch), timed in
   isolation as the built-in and as the profile's choice, against the measured forward. Isolated op
   times leave out overlap and fusion with neighbours, so the share is an estimate.
 
-``tune`` derives every kernel call of the models (``kernelfleet.kernels.model_shapes``, the plan of
+``tune`` derives every kernel call of the models (``kernelfleet.kernels.patch.model_shapes``, the plan of
 ``kernelfleet admin campaign create --from-model``) and tunes each on this GPU with the worker's
 tuner (successive halving, ``--budget`` seconds a shape, over ``--candidates`` configs besides the
 built-in: a stable sample shared by shapes of one row length, since each config is an NVRTC
 compile of ~1.5 s on CUDA), writing a KernelFleet profile file after each shape. It stops starting
 shapes after ``--max-seconds`` (default 540: one 10-minute command); run it again to resume (shapes
-already in ``--out`` are skipped) until it reports 0 to tune. A profile pulled from a coordinator
-(``kernelfleet pull``) works as well.
+already in ``--out`` are skipped) until it reports 0 to tune. ``run --tune PROFILE`` does the same
+into PROFILE, then runs with it once nothing is left to tune. ``--kernels quantized_matmul`` keeps
+only that kernel's calls (the tune, the profile's picks and the Amdahl estimate), e.g. to measure
+what the quantized matmuls alone give (``quantized_matmul,gather_quantized_matmul``: the linear
+layers and the MoE experts). A profile pulled from a coordinator (``kernelfleet pull``)
+works as well.
 
 Imports only mlx, mlx-lm, numpy and kernelfleet's ``kernels`` (``tune`` also its ``worker`` tuner): runs
 on a bare GPU host (copy ``kernels`` and ``worker`` into a ``kernelfleet`` folder on PYTHONPATH, as
@@ -54,7 +69,6 @@ from __future__ import annotations
 import argparse
 import gc
 import hashlib
-import importlib
 import json
 import statistics
 import sys
@@ -67,53 +81,50 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
-from kernelfleet.kernels import model_patch, profile_file, profile_view, runtime
 from kernelfleet.kernels.catalog import get_spec
-from kernelfleet.kernels.model_shapes import ARCHITECTURES, derive
+from kernelfleet.kernels.patch import model_patch, profile_file, profile_view, runtime
+from kernelfleet.kernels.patch.model_build import (
+    TINY,
+    TOKEN_IDS,
+    Quant,
+    build,
+    label,
+    load_config,
+    parse_dtype,
+    quantized_config,
+)
+from kernelfleet.kernels.patch.model_shapes import derive
+from kernelfleet.kernels.patch.model_timing import decode_s, prefill_s, primed, without_gc
+from kernelfleet.kernels.patch.paired import paired_speedup, verdict
 from kernelfleet.kernels.spec import BUILTIN, config_key, parse_shape
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = [ROOT / "tests/data/models/llama-3-8b.json", ROOT / "tests/data/models/qwen3-30b-a3b.json"]
-TINY = {  # CPU end-to-end check: the same architectures, small
-    "llama": {"model_type": "llama", "hidden_size": 128, "num_hidden_layers": 2, "intermediate_size": 256,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 256,
-              "rope_theta": 500000.0, "tie_word_embeddings": False},
-    "qwen3_moe": {"model_type": "qwen3_moe", "hidden_size": 128, "num_hidden_layers": 2,
-                  "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
-                  "head_dim": 32, "num_experts": 32, "num_experts_per_tok": 4, "decoder_sparse_step": 1,
-                  "mlp_only_layers": [], "moe_intermediate_size": 64, "rms_norm_eps": 1e-6,
-                  "vocab_size": 256, "rope_theta": 1e6, "tie_word_embeddings": False,
-                  "max_position_embeddings": 4096, "norm_topk_prob": True},
-}
-TOKEN_IDS = 200  # random prompts draw token ids below this (every vocabulary here is larger)
 
 
 def configs(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.tiny:
         return [dict(c) for c in TINY.values()]
-    out = []
-    for path in args.config or CONFIGS:
-        config = json.loads(Path(path).read_text())
-        if args.layers:
-            config["num_hidden_layers"] = min(args.layers, int(config["num_hidden_layers"]))
-        out.append(config)
-    return out
+    return [load_config(path, args.layers) for path in args.config or CONFIGS]
 
 
-def plan_keys(config: dict[str, Any], args: argparse.Namespace) -> list[tuple[str, str, str]]:
-    plan = derive(config, decode=args.decode, prefill=args.prefill, dtypes=[args.dtype])
-    return [(k, s, args.dtype) for k, shapes in plan.kernel_shapes.items() for s in shapes]
+def variants(args: argparse.Namespace) -> list[Quant]:
+    """``--dtypes``: bf16 (the model's dtype), 4bit, 8bit (at ``--group``)."""
+    try:
+        return [parse_dtype(name, args.group) for name in args.dtypes.split(",")]
+    except ValueError as e:
+        raise SystemExit(f"--dtypes: {e}") from e
 
 
-def build(config: dict[str, Any], quantized: bool, dtype: str) -> nn.Module:
-    module = importlib.import_module(f"mlx_lm.models.{ARCHITECTURES[config['model_type']].mlx_module}")
-    mx.random.seed(0)
-    model = module.Model(module.ModelArgs.from_dict(config))
-    model.set_dtype(getattr(mx, dtype))
-    if quantized:
-        nn.quantize(model, group_size=64, bits=4)
-    mx.eval(model.parameters())
-    return model
+def plan_keys(config: dict[str, Any], args: argparse.Namespace, quant: Quant = None
+              ) -> list[tuple[str, str, str]]:
+    """The (kernel, shape, dtype) calls a forward makes at the measured token counts (``--kernels``:
+    only these kernels)."""
+    plan = derive(quantized_config(config, args.dtype, quant) if quant else config, decode=args.decode,
+                  prefill=args.prefill, dtypes=[args.dtype], verify=())
+    wanted = set(args.kernels.split(",")) if getattr(args, "kernels", None) else None
+    return [(k, s, args.dtype) for k, shapes in plan.kernel_shapes.items() for s in shapes
+            if wanted is None or k in wanted]
 
 
 # ---- tune ----
@@ -134,22 +145,23 @@ def sample(kernel: str, shape: str, dtype: str, n: int) -> list[dict[str, Any]] 
     return [dict(BUILTIN)] + picked
 
 
-def tune(args: argparse.Namespace) -> None:
+def tune(args: argparse.Namespace, out: Path) -> int:
+    """Tune the planned calls not yet in the profile file ``out``; how many are left untuned."""
     from kernelfleet.worker.tuner import tune_spec
 
-    out = Path(args.out)
     body = json.loads(out.read_text()) if out.exists() else {
         "schema": profile_file.SCHEMA, "chip": runtime.target().chip, "mlx_version": mx.__version__,
         "version": 1, "entries": []}
     have = {(e["kernel"], e["shape"], e["dtype"]) for e in body["entries"]}
-    keys = list(dict.fromkeys(k for c in configs(args) for k in plan_keys(c, args)))
+    keys = list(dict.fromkeys(k for c in configs(args) for q in variants(args)
+                              for k in plan_keys(c, args, q)))
     todo = sorted((k for k in keys if k not in have), key=lambda k: (k[0], parse_shape(k[1])[-1]))
     print(f"{len(keys)} kernel calls planned, {len(todo)} to tune (budget {args.budget} s each)", flush=True)
     stop = time.monotonic() + args.max_seconds
     for i, (kernel, shape, dtype) in enumerate(todo, 1):
         if time.monotonic() > stop:
             print(f"stopped after {args.max_seconds:.0f} s with {len(todo) - i + 1} left: run again to go on")
-            return
+            return len(todo) - i + 1
         t0 = time.perf_counter()
         try:
             report = tune_spec(get_spec(kernel), shape, dtype, budget=args.budget,
@@ -169,6 +181,7 @@ def tune(args: argparse.Namespace) -> None:
         print(f"[{i}/{len(todo)}] {kernel} {shape} {dtype}: {best} "
               f"({entry.get('speedup', float('nan')):.2f}x the built-in; {time.perf_counter() - t0:.0f} s)",
               flush=True)
+    return 0
 
 
 # ---- run ----
@@ -180,62 +193,13 @@ def probe_profile(keys: list[tuple[str, str, str]]) -> dict[str, Any]:
     return {"schema": profile_file.SCHEMA, "chip": "probe", "entries": entries}
 
 
-def timed(fn: Callable[[], Any]) -> float:
-    t0 = time.perf_counter()
-    mx.eval(fn())
-    return time.perf_counter() - t0
-
-
-PREFILLS_PER_ROUND = 4  # one prefill of 512 tokens is 4-6 ms on an H200: a round times several
-
-
-def prefill_s(model: nn.Module, n: int) -> float:
-    """Seconds per prefill of ``n`` tokens (each a fresh KV cache), the mean of a round's prefills
-    after an untimed one."""
-    tokens = mx.random.randint(0, TOKEN_IDS, (1, n), key=mx.random.key(n))
-    timed(lambda: model(tokens, cache=make_prompt_cache(model)))
-    return sum(timed(lambda: model(tokens, cache=make_prompt_cache(model)))
-               for _ in range(PREFILLS_PER_ROUND)) / PREFILLS_PER_ROUND
-
-
-def primed(model: nn.Module, batch: int, context: int) -> list[Any]:
-    """A KV cache holding a ``context``-token prefill of ``batch`` sequences."""
-    cache = make_prompt_cache(model)
-    mx.eval(model(mx.random.randint(0, TOKEN_IDS, (batch, context), key=mx.random.key(1)), cache=cache))
-    return cache
-
-
-def decode_s(model: nn.Module, batch: int, context: int, steps: int) -> float:
-    """Seconds per step of mlx-lm's decode loop (``generate_step``): the next step's graph is built
-    and queued (``mx.async_eval``) while the GPU runs this one, so host time hides behind GPU time
-    where there is GPU time to hide behind. The first step is untimed."""
-    cache = primed(model, batch, context)
-
-    def step(token: mx.array) -> mx.array:
-        logits = model(token, cache=cache)
-        return mx.argmax(logits[:, -1, :], axis=-1).astype(mx.int32)[:, None]
-
-    y = step(mx.zeros((batch, 1), mx.int32))
-    mx.eval(y)
-    y = step(y)
-    mx.async_eval(y)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        following = step(y)
-        mx.async_eval(following)
-        mx.eval(y)
-        y = following
-    mx.eval(y)
-    return (time.perf_counter() - t0) / steps
-
-
-def without_gc(measure: Callable[[], float]) -> float:
-    gc.collect()
-    gc.disable()
-    try:
-        return measure()
-    finally:
-        gc.enable()
+def restrict(path: str, kernels: str | None) -> Any:
+    """The profile file at ``path``, or only its entries of ``kernels`` (comma-separated) as a body."""
+    if not kernels:
+        return path
+    body = json.loads(Path(path).read_text())
+    wanted = set(kernels.split(","))
+    return {**body, "entries": [e for e in body.get("entries", []) if e.get("kernel") in wanted]}
 
 
 STOCK, PATCHED, CONTROL = "stock", "patched", "stock again"
@@ -317,34 +281,55 @@ def amdahl(model: nn.Module, keys: list, view: Any, work: Callable[[], Any], for
             f"at most {ceiling:.3f}x")
 
 
-def logits_check(model: nn.Module, profile: Any, n: int) -> str:
+def logits_check(model: nn.Module, profile: Any, n: int) -> tuple[str, float]:
+    """The line, and the largest |patched - stock| logit (the tolerance :func:`greedy_check` uses)."""
     tokens = mx.random.randint(0, TOKEN_IDS, (1, n), key=mx.random.key(7))
     stock = model(tokens).astype(mx.float32)
     model_patch.patch(model, profile)
     patched = model(tokens).astype(mx.float32)
     model_patch.unpatch(model)
-    rel = (mx.abs(stock - patched).max() / mx.abs(stock).max()).item()
+    diff = mx.abs(stock - patched).max().item()
+    rel = diff / mx.abs(stock).max().item()
     agree = mx.mean(mx.argmax(stock, axis=-1) == mx.argmax(patched, axis=-1)).item()
-    return f"logits: max |diff| / max |logit| {rel:.2e}; argmax agrees at {agree:.1%} of {n} positions"
+    return (f"logits: max |diff| / max |logit| {rel:.2e} (max |diff| {diff:.3g}); argmax agrees at "
+            f"{agree:.1%} of {n} positions"), diff
 
 
-BOOTSTRAP = 2000
+GREEDY_PROMPT = 16
 
 
-def paired_speedup(stock: list[float], patched: list[float]) -> tuple[float, float, float]:
-    """Patched over stock speed from each round's own pair (stock seconds / patched seconds: both ran
-    back to back in that round, so drift between rounds cancels): the median of the rounds' ratios
-    and its 95 % bootstrap interval (rounds resampled)."""
-    import numpy as np
+def greedy(model: nn.Module, steps: int) -> tuple[list[int], list[float]]:
+    """Greedy tokens after a fixed prompt (KV cache, one token a step), and the top-2 logit margin of
+    each step."""
+    cache = make_prompt_cache(model)
+    prompt = mx.random.randint(0, TOKEN_IDS, (1, GREEDY_PROMPT), key=mx.random.key(11))
+    y = model(prompt, cache=cache)[0, -1].astype(mx.float32)
+    tokens, margins = [], []
+    for _ in range(steps):
+        top2 = mx.sort(y)[-2:]
+        tokens.append(int(mx.argmax(y).item()))
+        margins.append(float((top2[1] - top2[0]).item()))
+        y = model(mx.array([[tokens[-1]]]), cache=cache)[0, -1].astype(mx.float32)
+    return tokens, margins
 
-    ratios = np.asarray(stock) / np.asarray(patched)
-    idx = np.random.default_rng(0).integers(0, len(ratios), size=(BOOTSTRAP, len(ratios)))
-    lo, hi = np.percentile(np.median(ratios[idx], axis=1), [2.5, 97.5])
-    return float(np.median(ratios)), float(lo), float(hi)
 
-
-def verdict(lo: float, hi: float) -> str:
-    return "faster" if lo > 1 else "slower" if hi < 1 else "within the noise"
+def greedy_check(model: nn.Module, profile: Any, steps: int, tol: float) -> str:
+    """Greedy decoding stock and patched: the tokens must agree at every step before the first one
+    where stock's top-2 margin is within ``tol`` (the logits check's largest difference); from there
+    on the two may part."""
+    stock, margins = greedy(model, steps)
+    model_patch.patch(model, profile)
+    try:
+        patched, _ = greedy(model, steps)
+    finally:
+        model_patch.unpatch(model)
+    close = next((i for i, m in enumerate(margins) if m <= tol), steps)
+    differ = next((i for i, (a, b) in enumerate(zip(stock, patched, strict=True)) if a != b), None)
+    ok = differ is None or differ >= close
+    tokens = "same tokens" if differ is None else f"first differs at step {differ}"
+    return (f"greedy {steps} steps: {tokens}; "
+            f"stock's top-2 margin first within {tol:.3g} at step "
+            f"{close if close < steps else 'none'} -> {'ok' if ok else 'MISMATCH'}")
 
 
 def row(label: str, tokens: int, times: dict[str, list[float]]) -> str:
@@ -370,17 +355,16 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> None:
     emit(f"prefill {args.prefill}, decode batches {args.decode} ({args.steps} steps after "
          f"{args.context} tokens), {args.rounds} interleaved rounds")
     for config in configs(args):
-        keys = plan_keys(config, args)
-        profile: Any = args.profile or probe_profile(keys)
-        view = profile_view.load(profile, target.chip)
-        for quantized in (False, True):
-            if ("4bit" if quantized else "bf16") not in args.dtypes:
-                continue
+        for quant in variants(args):
+            keys = plan_keys(config, args, quant)
+            profile: Any = restrict(args.profile, args.kernels) if args.profile else probe_profile(keys)
+            view = profile_view.load(profile, target.chip)
             emit(f"\n{config['model_type']} ({config['num_hidden_layers']} layers, hidden "
-                 f"{config['hidden_size']}, {'4-bit' if quantized else args.dtype})")
-            model = build(config, quantized, args.dtype)
+                 f"{config['hidden_size']}, {label(quant, args.dtype)})")
+            model = build(config, args.dtype, quant)
             measure_model(model, keys, profile, view, args, emit)
             del model
+            gc.collect()
 
 
 
@@ -389,7 +373,9 @@ def measure_model(model: nn.Module, keys: list, profile: Any, view: Any, args: a
     report = model_patch.patch(model, profile)
     model_patch.unpatch(model)
     emit("\n".join("  " + line for line in str(report).splitlines()))
-    emit("  " + logits_check(model, profile, max(args.prefill)))
+    text, diff = logits_check(model, profile, max(args.prefill))
+    emit("  " + text)
+    emit("  " + greedy_check(model, profile, args.greedy, diff))
     for n in args.prefill:
         times = side_by_side(model, sides(profile, args.control), lambda m, n=n: prefill_s(m, n), args.rounds)
         emit(row(f"prefill {n}", n, times))
@@ -413,7 +399,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", action="append", help="a model's config.json (repeat; default: Llama-3-8B, "
                    "Qwen3-30B-A3B from tests/data/models)")
     p.add_argument("--layers", type=int, default=8, help="decoder layers built (0: the config's)")
-    p.add_argument("--dtypes", default="bf16,4bit", help="bf16, 4bit or both (comma-separated)")
+    p.add_argument("--dtypes", default="bf16,4bit", help="bf16, 4bit, 8bit (comma-separated): the model "
+                   "in bfloat16, and quantized as mlx_lm.convert does at --group")
+    p.add_argument("--group", type=int, default=64, choices=(32, 64, 128), help="quantization group size")
+    p.add_argument("--kernels", help="only these kernels' calls (comma-separated), e.g. quantized_matmul: "
+                   "the profile's picks, tune's work and the Amdahl estimate")
+    p.add_argument("--greedy", type=int, help="greedy decoding steps compared, stock and patched "
+                   "(default 64)")
     p.add_argument("--prefill", type=int, nargs="+", help="prefill lengths (default 512 2048)")
     p.add_argument("--decode", type=int, nargs="+", help="decode batch sizes (default 1 8)")
     p.add_argument("--context", type=int, help="tokens in the cache before decode steps (default 512)")
@@ -424,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--launches", type=int, help="op launches per timing in the Amdahl estimate (default 50)")
     p.add_argument("--profile", help="a KernelFleet profile file (kernelfleet pull, or `tune`); "
                    "--tiny without one: every planned call at its kernel's default config")
+    p.add_argument("--tune", metavar="PROFILE", help="run: first tune the planned calls not yet in PROFILE "
+                   "(as `tune --out PROFILE`, within --max-seconds), then run with it once none is left")
     p.add_argument("--budget", type=float, default=6.0, help="tune: seconds of search per shape")
     p.add_argument("--candidates", type=int, default=12,
                    help="tune: configs tried per shape besides the built-in (0: every candidate)")
@@ -438,14 +432,22 @@ def main(argv: list[str] | None = None) -> int:
     args.steps = args.steps or (4 if small else 128)
     args.rounds = args.rounds or (2 if small else 7)
     args.launches = args.launches or (5 if small else 50)
+    args.greedy = args.greedy if args.greedy is not None else (8 if small else 64)
     # activations and norm weights of the bf16 and the 4-bit model; --tiny: float32 (MLX's CPU gather_mm,
     # the MoE experts' matmul, takes float32 only)
     args.dtype = "float32" if small else "bfloat16"
     if args.command == "tune":
         if not args.out:
             p.error("tune needs --out PROFILE.json")
-        tune(args)
+        tune(args, Path(args.out))
         return 0
+    if args.tune:
+        if args.profile:
+            p.error("--tune PROFILE tunes into PROFILE and runs with it: drop --profile")
+        if tune(args, Path(args.tune)):
+            print("not run: tuning is not finished (run the same command again)")
+            return 0
+        args.profile = args.tune
     if not args.profile and not args.tiny:
         p.error("give --profile (from `kernelfleet pull` or `python benchmarks/model.py tune --out ...`)")
     lines: list[str] = []

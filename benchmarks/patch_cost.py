@@ -11,7 +11,7 @@ the host time of building one decode step.
    ``mx.async_eval``, and those on one input set, as the tuner times them): as mlx-lm's block runs
    it (``x + r`` then ``mx.fast.rms_norm``, plain ops), the catalog's built-in (the same two under
    ``mx.compile``: what the tuner times as the built-in) and the profile's config through
-   :mod:`kernelfleet.kernels.runtime`.
+   :mod:`kernelfleet.kernels.patch.runtime`.
 2. Llama (``--layers`` layers, bfloat16) prefill at each ``--prefill`` and decode at each ``--decode``
    batch, in interleaved rounds on one model (``benchmarks/model.py``'s pairing): stock, patched, and
    patched with ``custom_kernels=False`` (the same calls routed through the catalog's built-ins):
@@ -19,6 +19,24 @@ the host time of building one decode step.
 3. Host time to build one decode step's graph (``model(token, cache)``, not evaluated; median of
    32 steps, each evaluated afterwards), stock and patched by turns; ``--cprofile N``: the patched
    step's graph building under cProfile, its N costliest functions by own time.
+
+``--quantized BITS`` measures a quantized model's patched ``QuantizedLinear`` instead (``--profile``
+optional: without one, every planned ``quantized_matmul`` shape at the kernel's default config)::
+
+    python benchmarks/patch_cost.py --quantized 4 --decode 1 8 --out benchmarks/results/h100_patch_cost_q4.txt
+
+4. One ``QuantizedLinear`` of the model (q_proj, ``--group``) at ``x`` of ``(batch, 1, hidden)``: the
+   host time of one call (graph building only, ``--launches`` calls between evaluations, interleaved
+   rounds, the order rotating): MLX's layer as it is, the raw kernel call (the runner
+   ``runtime.resolve`` gives for the profile's config, on ``x`` already ``(M, K)``), the patched layer
+   on its kernel path, and, at 3 tokens a sequence (no profile entry), MLX's layer and the patched
+   layer running its own code. The issue's target: patched <= raw + 3 µs.
+5. The quantized model's decode step (section 3's host time), stock and patched by turns, the
+   difference per patched quantized call.
+
+On CPU custom kernels do not run; ``--emulate-gpu`` gives the custom path the GPU's structure there
+(the runner is one ``mx.compile``d graph of the built-in, as ``runtime.resolve`` builds one of the
+kernel), so the host cost of the patch's own work is measured on any machine.
 """
 
 from __future__ import annotations
@@ -32,16 +50,18 @@ import pstats
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from kernelfleet.kernels import model_patch, runtime
-from kernelfleet.kernels.add_rmsnorm_kernel import EPS, _compiled
-from kernelfleet.kernels.profile_view import load
+from kernelfleet.kernels.catalog.add_rmsnorm_kernel import EPS, _compiled
+from kernelfleet.kernels.patch import model_patch, runtime
+from kernelfleet.kernels.patch.profile_view import load
+from kernelfleet.kernels.render.launch import compiled_call
+from kernelfleet.kernels.spec import BUILTIN
 
 SETS = 8
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,9 +135,105 @@ def decode_host_us(bench: Any, model: nn.Module, batch: int, context: int, steps
     return statistics.median(host[1:]) * 1e6
 
 
+def call_us(fns: dict[str, Callable[[], Any]], launches: int, rounds: int) -> dict[str, list[float]]:
+    """Host µs a call of each of ``fns``: per round, ``launches`` calls building their graphs (timed),
+    then one evaluation of all (untimed); the order of ``fns`` rotates round by round."""
+    names = list(fns)
+    out: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds + 1):  # round 0 warms up
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn = fns[name]
+            t0 = time.perf_counter()
+            outs = [fn() for _ in range(launches)]
+            t = time.perf_counter() - t0
+            mx.eval(outs)
+            if r:
+                out[name].append(t / launches * 1e6)
+    return out
+
+
+def emulate_gpu() -> None:
+    """The GPU's custom path on CPU: a custom config resolves to one ``mx.compile``d graph of the
+    kernel's built-in (what ``runtime.resolve`` builds of the kernel on a GPU), and the patch routes
+    as where custom kernels run."""
+    real = runtime.resolve
+
+    def resolve(name: str, shape: Any, dtype: str, config: dict[str, Any], params: dict[str, Any]) -> Any:
+        if config == BUILTIN:
+            return real(name, shape, dtype, config, params)
+        builtin = runtime._module(name).builtin
+        return compiled_call(lambda inputs: list(builtin(inputs, **params)))
+    runtime.resolve = resolve  # type: ignore[assignment]
+    runtime.gpu_backend = lambda: "cuda"  # type: ignore[assignment]
+
+
+def quantized_lines(args: argparse.Namespace, bench: Any, config: dict[str, Any]) -> Iterator[str]:
+    bits, group, dtype = args.quantized, args.group, args.dtype
+    config["num_hidden_layers"] = min(args.layers, int(config["num_hidden_layers"]))
+    keys = bench.plan_keys(config, argparse.Namespace(decode=args.decode, prefill=args.prefill, dtype=dtype),
+                           (bits, group))
+    profile: Any = args.profile or bench.probe_profile([k for k in keys if k[0] == "quantized_matmul"])
+    view = load(profile, runtime.target().chip)
+    model = bench.build(config, dtype, (bits, group))
+    layer = model.model.layers[0].self_attn.q_proj
+    k, n = int(layer.scales.shape[1]) * group, int(layer.weight.shape[0])
+    yield (f"\nquantized linear {k} -> {n}, {bits}-bit group {group}, {dtype}: host µs a call, "
+           f"{args.launches} calls a round, {args.rounds} rounds (median, min)"
+           + (" [--emulate-gpu]" if args.emulate_gpu else ""))
+    for b in args.decode:
+        x, other = (mx.random.normal((b, t, k)).astype(getattr(mx, dtype)) for t in (1, 3))
+        shape = (b, k, n, bits, group)
+        config_ = view.choice("quantized_matmul", shape, dtype)
+        if config_ is None:
+            yield f"  batch {b}: the profile has no custom quantized_matmul at {shape}: skipped"
+            continue
+        runner = runtime.resolve("quantized_matmul", shape, dtype, config_, {})
+        inputs = [x.reshape(b, k), layer["weight"], layer["scales"], layer["biases"]]
+        mx.eval(x, other, inputs)
+        fns: dict[str, Callable[[], Any]] = {"MLX's QuantizedLinear": lambda x=x: layer(x),
+                                             "raw kernel call": lambda r=runner, i=inputs: r(i),
+                                             "MLX's at M=3b": lambda o=other: layer(o)}
+        model_patch.patch(model, profile)
+        try:
+            fns["patched, kernel path"] = lambda x=x: layer(x)
+            fns["patched, its own code (M=3b)"] = lambda o=other: layer(o)
+            times = call_us(fns, args.launches, args.rounds)
+        finally:
+            model_patch.unpatch(model)
+        mlx, raw, mlx3, patched, own = (statistics.median(v) for v in times.values())
+        yield (f"  batch {b} ({config_}): " + "; ".join(
+            f"{name} {statistics.median(v):.2f} ({min(v):.2f})" for name, v in times.items()))
+        yield (f"    patched - raw kernel call {patched - raw:+.2f} µs; patched - MLX's {patched - mlx:+.2f} "
+               f"µs; its own code through the patch - MLX's at M=3b {own - mlx3:+.2f} µs")
+    for b in args.decode:
+        host: dict[str, list[float]] = {bench.STOCK: [], bench.PATCHED: []}
+        report = None
+        for r in range(args.rounds):
+            for side in (list(host) if r % 2 == 0 else list(host)[::-1]):
+                if side == bench.PATCHED:
+                    report = model_patch.patch(model, profile)
+                try:
+                    host[side].append(decode_host_us(bench, model, b, args.context, 32))
+                finally:
+                    model_patch.unpatch(model)
+        assert report is not None
+        calls = sum(1 for m in report.patched if m.kind == "quantized linear")
+        stock, patched = (statistics.median(v) for v in host.values())
+        yield (f"  decode batch {b}, {config['num_hidden_layers']} layers: host µs to build one step, median "
+               f"of {args.rounds} rounds: stock {stock:.1f}, patched {patched:.1f}: "
+               f"{(patched - stock) / max(calls, 1):+.2f} µs a patched quantized call ({calls} a step)")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--profile", required=True, help="a KernelFleet profile file for this GPU")
+    p.add_argument("--profile", help="a KernelFleet profile file for this GPU (optional with --quantized)")
+    p.add_argument("--quantized", type=int, choices=(4, 8), help="time a quantized model's patched "
+                   "QuantizedLinear (sections 4-5) instead of sections 1-3")
+    p.add_argument("--group", type=int, default=64, choices=(32, 64, 128), help="--quantized: group size")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
+                   help="--quantized: the model's dtype (float32 on CPU, where MLX's bf16 math is slow)")
+    p.add_argument("--emulate-gpu", action="store_true", help="on CPU: the custom path's GPU structure "
+                   "(a compiled graph of the built-in)")
     p.add_argument("--config", default=str(ROOT / "tests/data/models/llama-3-8b.json"),
                    help="an mlx-lm config.json (default: Llama-3-8B's)")
     p.add_argument("--layers", type=int, default=8, help="decoder layers built (default 8)")
@@ -133,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
                    "time, printing this many functions")
     p.add_argument("--out", help="also write the report here")
     args = p.parse_args(argv)
+    if not args.profile and not args.quantized:
+        p.error("give --profile (or --quantized BITS)")
+    if args.emulate_gpu:
+        emulate_gpu()
     bench = _model_bench()
     lines: list[str] = []
 
@@ -141,16 +261,22 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(line)
 
     target = runtime.target()
-    view = load(args.profile, target.chip)
     emit(f"device: {target.chip} ({target.backend}); mlx {mx.__version__}; profile {args.profile}")
     config = json.loads(Path(args.config).read_text())
+    if args.quantized:
+        for line in quantized_lines(args, bench, config):
+            emit(line)
+        if args.out:
+            Path(args.out).write_text("\n".join(lines) + "\n")
+        return 0
+    view = load(args.profile, target.chip)
     d = int(config["hidden_size"])
     for rows in args.rows:
         for line in op_lines(rows, d, view.choice("add_rmsnorm", (rows, d), "bfloat16"), args.launches):
             emit(line)
 
     config["num_hidden_layers"] = min(args.layers, int(config["num_hidden_layers"]))
-    model = bench.build(config, False, "bfloat16")
+    model = bench.build(config, "bfloat16")
     plan = {bench.STOCK: None, bench.PATCHED: lambda m: model_patch.patch(m, args.profile),
             "routed, built-ins": lambda m: model_patch.patch(m, args.profile, custom_kernels=False)}
     emit(f"\nllama ({config['num_hidden_layers']} layers, bfloat16), {args.rounds} interleaved rounds; "

@@ -39,9 +39,9 @@ _spec.loader.exec_module(kb)
 
 import mlx.core as mx  # noqa: E402
 
+from kernelfleet.chips import detect_chip  # noqa: E402
 from kernelfleet.kernels.catalog import get_spec  # noqa: E402
 from kernelfleet.kernels.spec import parse_shape  # noqa: E402
-from kernelfleet.worker.chip import detect_chip  # noqa: E402
 
 CASES = [
     ("add_rmsnorm", "4096x4096", ["hint=1,rpg=1,tg=512,vec=8", "rpg=1,tg=256,vec=8", "builtin"]),

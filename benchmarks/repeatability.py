@@ -25,10 +25,10 @@ assert _spec and _spec.loader
 kb: Any = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(kb)
 
+from kernelfleet.chips import detect_chip  # noqa: E402
 from kernelfleet.kernels.catalog import all_specs, get_spec  # noqa: E402
 from kernelfleet.kernels.spec import format_shape  # noqa: E402
 from kernelfleet.worker.backends import detect_backend  # noqa: E402
-from kernelfleet.worker.chip import detect_chip  # noqa: E402
 from kernelfleet.worker.tuner import tune_spec  # noqa: E402
 
 

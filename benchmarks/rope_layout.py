@@ -13,7 +13,7 @@ import time
 
 import mlx.core as mx
 
-from kernelfleet.kernels import profile_view, runtime
+from kernelfleet.kernels.patch import profile_view, runtime
 
 view = profile_view.load("benchmarks/results/h100_model_profile.json", runtime.target().chip)
 cfg = view.choice("rope", (32, 2048, 128), "bfloat16")

@@ -31,10 +31,10 @@ _spec.loader.exec_module(kb)
 
 import mlx.core as mx  # noqa: E402
 
+from kernelfleet.chips import detect_chip  # noqa: E402
 from kernelfleet.kernels.catalog import all_specs, get_spec  # noqa: E402
 from kernelfleet.kernels.spec import KernelSpec, format_shape, parse_shape  # noqa: E402
 from kernelfleet.worker.backends import detect_backend  # noqa: E402
-from kernelfleet.worker.chip import detect_chip  # noqa: E402
 from kernelfleet.worker.measure import Measurer  # noqa: E402
 from kernelfleet.worker.tuner import tune_spec  # noqa: E402
 

@@ -53,8 +53,9 @@ kb, sb = _load("kernels"), _load("search")
 
 import mlx.core as mx  # noqa: E402
 
+from kernelfleet.chips import detect_chip  # noqa: E402
 from kernelfleet.kernels.catalog import NAMES, get_spec  # noqa: E402
-from kernelfleet.kernels.launch import capture  # noqa: E402
+from kernelfleet.kernels.render.launch import capture  # noqa: E402
 from kernelfleet.kernels.spec import (  # noqa: E402
     KernelSpec,
     Shape,
@@ -64,7 +65,6 @@ from kernelfleet.kernels.spec import (  # noqa: E402
     parse_shape,
 )
 from kernelfleet.worker.backends import detect_backend  # noqa: E402
-from kernelfleet.worker.chip import detect_chip  # noqa: E402
 from kernelfleet.worker.tuner import tune_spec  # noqa: E402
 
 SPREAD_ROWS = (256, 4096, 64, 1024, 16384, 8, 512, 2048, 8192)  # spread out first: a time share may cut it

@@ -9,7 +9,7 @@ For every row, three fresh processes tune the shape with the ``model`` strategy 
 default for large shapes: the cost model's 6 candidates and the built-in): **before**, every custom
 candidate compiled by MLX at its first launch, one after another
 (``KERNELFLEET_CUDA_PRECOMPILE=0``); **after**, the tuner's CUDA backend compiling them ahead, all
-at once in a pool of processes, into MLX's PTX cache (:mod:`kernelfleet.kernels.cuda_precompile`)
+at once in a pool of processes, into MLX's PTX cache (:mod:`kernelfleet.kernels.render.cuda_precompile`)
 while numpy makes the inputs, the pool starting in the tune; **started**, the same with the pool
 already running, as in a worker that has tuned before (the warm-up compiles the same candidates for
 float16: other sources, so nothing the timed tune needs is cached). They run in turn (which goes
@@ -104,9 +104,9 @@ def child_parts(kernel: str, shape: str) -> dict[str, Any]:
     candidate its first launch and verification, then the golden output."""
     import mlx.core as mx
 
-    from kernelfleet.kernels import cuda_precompile
+    from kernelfleet.chips import detect_chip
+    from kernelfleet.kernels.render import cuda_precompile
     from kernelfleet.worker.backends.registry import get_backend
-    from kernelfleet.worker.chip import detect_chip
     from kernelfleet.worker.golden import golden
     from kernelfleet.worker.search.model import TOP
     from kernelfleet.worker.tuner import get_spec, resolve

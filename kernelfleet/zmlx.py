@@ -81,14 +81,14 @@ class PatchReport:
 
 def load_profile(profile: dict[str, Any] | str | None) -> dict[str, Any]:
     """A profile body: given, the installed profile of a chip name, or this machine's chip (None)."""
-    from kernelfleet.kernels import profile_file
+    from kernelfleet.kernels.patch import profile_file
 
     if isinstance(profile, dict):
         body = profile
     else:
         chip = profile
         if chip is None:
-            from kernelfleet.worker.chip import detect_chip
+            from kernelfleet.chips import detect_chip
 
             chip = detect_chip().name
         found = profile_file.read(chip)
@@ -204,7 +204,7 @@ def patch(model: Any, profile: dict[str, Any] | str | None = None, tokens: Seque
     ``patterns``: zmlx's pattern names (None: zmlx's default set). Returns what was set and what
     kept zmlx's default; the model is patched in place.
     """
-    from kernelfleet.kernels.zmlx_family import default_elementwise_tg
+    from kernelfleet.kernels.zmlx.family import default_elementwise_tg
 
     try:
         import mlx.nn as nn

@@ -1,7 +1,7 @@
 """One public function per catalog kernel: ``from kernelfleet.kernels import rmsnorm``.
 
 Each runs the config chosen for this chip (profile entry, else the kernel's default) through
-:func:`kernelfleet.kernels.runtime.dispatch`; on CPU it runs the MLX built-in.
+:func:`kernelfleet.kernels.patch.runtime.dispatch`; on CPU it runs the MLX built-in.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from .common import prod
-from .runtime import dispatch
+from .patch.runtime import dispatch
 
 
 def _rows(x: mx.array) -> tuple[int, int]:
@@ -85,3 +85,26 @@ def int4_dequantize(wq: mx.array, scales: mx.array, biases: mx.array) -> mx.arra
     """MLX affine 4-bit dequantization, group size 64 (the layout of ``mx.quantize``)."""
     shape = (prod(wq.shape[:-1]), int(wq.shape[-1]) * 8)
     return dispatch("int4_dequantize", [wq, scales, biases], shape, dtype_of=1)[0]
+
+
+def quantized_matmul(x: mx.array, w_q: mx.array, scales: mx.array, biases: mx.array,
+                     group_size: int = 64, bits: int = 4) -> mx.array:
+    """``x @ w.T`` for ``w`` in MLX's affine format (``mx.quantize(w, group_size, bits)``; what
+    ``mlx.nn.QuantizedLinear`` stores), over ``x``'s last dimension: as ``mx.quantized_matmul(x, w_q,
+    scales, biases, transpose=True, group_size=group_size, bits=bits)``."""
+    k = int(x.shape[-1])
+    rows = x.size // k
+    shape = (rows, k, int(w_q.shape[0]), int(bits), int(group_size))
+    out = dispatch("quantized_matmul", [x.reshape(rows, k), w_q, scales, biases], shape)[0]
+    return out.reshape(*x.shape[:-1], shape[2])
+
+
+def gather_quantized_matmul(x: mx.array, w_q: mx.array, scales: mx.array, biases: mx.array,
+                            indices: mx.array, group_size: int = 64, bits: int = 4) -> mx.array:
+    """``out[t] = x[t] @ w[indices[t]].T`` for ``T`` (token, expert) pairs sorted by expert: ``x`` ``(T, K)``,
+    ``w_q`` / ``scales`` / ``biases`` of ``E`` experts in MLX's affine format, ``indices`` ``(T,)``; as
+    ``mx.gather_qmm(x[:, None], w_q, scales, biases, rhs_indices=indices, transpose=True,
+    sorted_indices=True)``."""
+    t, k = int(x.shape[0]), int(x.shape[-1])
+    shape = (t, k, int(w_q.shape[1]), int(w_q.shape[0]), int(bits), int(group_size))
+    return dispatch("gather_quantized_matmul", [x, w_q, scales, biases, indices], shape)[0]

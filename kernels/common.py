@@ -57,6 +57,11 @@ def shapes_only() -> Iterator[None]:
         _SHAPES_ONLY.reset(token)
 
 
+def shapes_only_on() -> bool:
+    """Whether inputs are being made inside :func:`shapes_only`."""
+    return _SHAPES_ONLY.get()
+
+
 def normal(shape: Sequence[int], dtype: str, seed: int, salt: int = 0, scale: float = 1.0,
            loc: float = 0.0) -> mx.array:
     if _SHAPES_ONLY.get():

@@ -16,6 +16,7 @@ Vocabulary
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -138,6 +139,9 @@ class KernelSpec:
     prior: Callable[[Shape, str, Config], float] | None = None
     # the GPU backends whose workers offer the custom configs (zmlx's kernels: Metal only)
     backends: tuple[GpuBackend, ...] = ("metal", "cuda")
+    # elements of the largest tensor a job at this shape allocates, where the shape is not itself a
+    # tensor's (quantized matmuls: tokens x in x out x bits x group); None -> the shape's product
+    largest_tensor: Callable[[Shape], int] | None = None
 
     def tolerance(self, dtype: str) -> Tolerance:
         return self.tolerances[dtype]
@@ -147,6 +151,12 @@ class KernelSpec:
             raise UnsupportedDtype(
                 f"kernel {self.name!r} does not support dtype {dtype!r}; supported: {', '.join(self.dtypes)}"
             )
+
+    def tensor_elements(self, shape: Shape) -> int:
+        """Elements of the largest tensor a job at ``shape`` allocates (campaigns bound it)."""
+        if self.largest_tensor is not None:
+            return self.largest_tensor(shape)
+        return math.prod(shape)
 
     def default_config(self, shape: Shape, dtype: str) -> Config:
         """The config to run when no profile entry exists (builtin when the space is empty)."""

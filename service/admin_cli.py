@@ -4,22 +4,23 @@ deliveries, over the HTTP API. Every ``list`` command takes ``--json`` (the API'
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from kernelfleet.service import campaign_plan
 from kernelfleet.service.client import DEFAULT_COORDINATOR, AdminClient, ClientError, resolve_admin_token
 from kernelfleet.worker.plural import plural
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
 
-admin_app = typer.Typer(help="Administer a coordinator: enrollment tokens, workers, campaigns, jobs.",
+admin_app = typer.Typer(help="Administer a coordinator: tokens, adding workers, workers, campaigns, jobs.",
                         no_args_is_help=True)
 workers_app = typer.Typer(help="List and revoke workers.", no_args_is_help=True)
 campaign_app = typer.Typer(help="Create and list tuning campaigns.", no_args_is_help=True)
@@ -57,13 +58,26 @@ def _print_rows(rows: list[dict[str, Any]], as_json: bool, title: str, columns: 
     out.print(table)
 
 
-def _call(coordinator: str, token: str | None, method: str, path: str, **kw: Any) -> Any:
+def _call(coordinator: str, token: str | None, method: str, path: str,
+          words: dict[str, str] | None = None, **kw: Any) -> Any:
+    """The API's answer; on failure one line on stderr (the body's field paths replaced by ``words``,
+    e.g. the command's option names) and exit 1."""
     try:
         with AdminClient(coordinator, resolve_admin_token(token)) as client:
             return client.request(method, path, **kw)
     except ClientError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        message = str(e)
+        for pattern, option in (words or {}).items():
+            message = re.sub(pattern, option, message)
+        err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
         raise typer.Exit(1) from None
+
+
+# a campaign body's field paths (in the coordinator's 422 messages) as the options that set them
+CAMPAIGN_FLAGS = {r"\bkernels(\.\d+)?\b": "--kernel", r"\bshapes(\.\d+)?\b": "--shape",
+                  r"\bdtypes(\.\d+)?\b": "--dtype", r"\bkernel_shapes(\.[\w.]+)?": "--kernel-shape",
+                  r"\btarget_backend\b": "--backend", r"\btarget_chip\b": "--chip",
+                  r"\bmax_attempts\b": "--max-attempts", r"^(.*?)\bname:": r"\1--name:"}
 
 
 def _when(value: str | None) -> str:
@@ -74,15 +88,22 @@ def _when(value: str | None) -> str:
 def enroll_token(
     ttl: Annotated[float | None, typer.Option("--ttl", help="Seconds until it expires "
                                               "(default: the coordinator's setting)")] = None,
+    uses: Annotated[int, typer.Option("--uses", min=1, max=64, help="Workers it may enroll (one per GPU "
+                                      "of a host: `kernelfleet worker --gpus all`)")] = 1,
     coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None,
 ) -> None:
-    """Mint a short-lived, single-use enrollment token for one new worker."""
-    body = {"ttl_seconds": ttl} if ttl is not None else {}
+    """Mint a short-lived enrollment token for one new worker (or --uses N). `add-worker` prints the
+    commands that install and enroll a machine with one."""
+    body: dict[str, Any] = {"uses": uses} | ({"ttl_seconds": ttl} if ttl is not None else {})
     got = _call(coordinator, admin_token, "POST", "/enroll-tokens", json=body)
-    out.print(f"enrollment token (single use, expires {_when(got['expires_at'])} UTC):", highlight=False)
+    use = "single use" if uses == 1 else f"enrolls {uses} workers"
+    out.print(f"enrollment token ({use}, expires {_when(got['expires_at'])} UTC):", highlight=False)
     out.print(got["token"], highlight=False, soft_wrap=True)
-    out.print(f"on the worker: kernelfleet worker --coordinator {coordinator} --enroll-token {got['token']}",
-              highlight=False, soft_wrap=True)
+    gpus = " --gpus all" if uses > 1 else ""
+    out.print(f"on the worker: kernelfleet worker --coordinator {coordinator} --enroll-token "
+              f"{got['token']}{gpus}", highlight=False, soft_wrap=True)
+    out.print("(`kernelfleet admin add-worker` prints the commands that install KernelFleet there too, "
+              "with the coordinator's public URL)", highlight=False, soft_wrap=True)
 
 
 @workers_app.command("list")
@@ -132,6 +153,9 @@ def campaign_create(
         "--decode", help="With --from-model: decode batch sizes (default 1, 8, 32); repeat")] = None,
     prefill: Annotated[list[int] | None, typer.Option(
         "--prefill", help="With --from-model: prefill lengths (default 512, 2048); repeat")] = None,
+    verify: Annotated[list[int] | None, typer.Option(
+        "--verify", help="With --from-model, for a quantized model's matmuls: tokens of a speculative "
+        "draft-verify call (default 2, 3, 4); repeat")] = None,
     dtype: Annotated[list[str] | None, typer.Option(
         "--dtype", help="float32, float16 or bfloat16; repeat (default with --from-model: the model's)",
     )] = None,
@@ -145,9 +169,12 @@ def campaign_create(
 ) -> None:
     """Create a campaign: one job per kernel x shape x dtype (each kernel with its own shapes with
     --kernel-shape or --from-model). Prints the plan before it queues anything."""
+    from kernelfleet.service import campaign_plan  # the kernel catalog (numpy, mlx): only when planning
+
     sets, dtypes, name = campaign_plan.shape_sets(
         kernel=kernel or [], shape=shape or [], kernel_shape=kernel_shape or [], from_model=from_model,
-        decode=decode, prefill=prefill, dtype=dtype or [], name=name, out=out, err=err)
+        decode=decode, prefill=prefill, dtype=dtype or [], name=name, out=out, err=err, backend=backend,
+        chip=chip, verify=verify)
     body: dict[str, Any] = {"name": name, "kernel_shapes": sets, "dtypes": dtypes}
     if backend is not None:
         body["target_backend"] = backend
@@ -158,7 +185,7 @@ def campaign_create(
     if dry_run:
         out.print("dry run: nothing queued", highlight=False)
         return
-    c = _call(coordinator, admin_token, "POST", "/campaigns", json=body)
+    c = _call(coordinator, admin_token, "POST", "/campaigns", json=body, words=CAMPAIGN_FLAGS)
     target = " ".join(x for x in (c["target_backend"], c["target_chip"]) if x) or "any worker"
     jobs = plural(c["progress"]["total"], "job")
     out.print(f"campaign {c['id']} ({c['name']}): {jobs} queued for {target}", highlight=False)
@@ -288,4 +315,6 @@ def webhooks_list(
 
 
 def register(app: typer.Typer) -> None:
+    from kernelfleet.service import fleet_cli  # noqa: F401 - adds `admin tokens` and `admin add-worker`
+
     app.add_typer(admin_app, name="admin")

@@ -21,10 +21,10 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from scipy.stats import binom
-from sqlalchemy import Row, and_, bindparam, select
+from sqlalchemy import CursorResult, Row, and_, bindparam, select
 from sqlalchemy.orm import Session, load_only
 
 from kernelfleet.service.db import stored_utc, upsert_insert
@@ -130,7 +130,8 @@ def record(session: Session, result: Result, trials: Sequence[dict[str, Any]],
     """Fold one stored result's correct trials into ``config_stats``; returns the rows touched.
 
     Runs inside the caller's transaction. Rows new to the series are inserted complete (``ON
-    CONFLICT DO NOTHING``, one executemany); then the rows that already existed (those this result
+    CONFLICT DO NOTHING``, one executemany); when it inserted every row (a new series) that is all
+    (one statement). Otherwise the rows that already existed (those this result
     did not write: ``last_result_id`` is another's) are read ``FOR UPDATE`` in key order and
     updated, so two results of the same series arriving at once (PostgreSQL) update one after the
     other and never lose a run: the insert that meets the other's row waits for its transaction,
@@ -146,11 +147,13 @@ def record(session: Session, result: Result, trials: Sequence[dict[str, Any]],
     blank = _Blank(last_result_id=result.id)
     # no RETURNING: an executemany of one small statement (psycopg parses it once); RETURNING
     # would make it one statement of every row's values, parsed anew for each result
-    session.execute(
+    inserted = cast(CursorResult[Any], session.execute(
         upsert_insert(session)(STATS).on_conflict_do_nothing(index_elements=[*SERIES_COLUMNS, "config_key"]),
         [{**series, "config_key": t["config_key"], "config": t["config"],
           "is_builtin": bool(t.get("is_builtin")), "speedups": [], **_fold(blank, t, builtin, result, when)}
-         for t in ok])
+         for t in ok], execution_options={"preserve_rowcount": True})).rowcount
+    if inserted == len(ok):  # every row was new (a new series): nothing to read or update
+        return len(ok)
     by_key = {t["config_key"]: t for t in ok}
     rows = session.execute(
         select(ConfigStat.id, ConfigStat.config_key, ConfigStat.runs, ConfigStat.imported_runs,

@@ -17,6 +17,8 @@ import anyio.to_thread
 from fastapi import Depends, FastAPI
 from sqlalchemy import Engine
 
+from kernelfleet.service.api.health import close_probe
+from kernelfleet.service.auth_first import AuthFirstMiddleware
 from kernelfleet.service.background import run_background
 from kernelfleet.service.db import make_sessionmaker
 from kernelfleet.service.error_handlers import JsonErrorMiddleware, install_error_handlers
@@ -26,6 +28,7 @@ from kernelfleet.service.metrics import MetricsMiddleware
 from kernelfleet.service.migrate import make_checked_engine
 from kernelfleet.service.openapi import install_openapi
 from kernelfleet.service.params import reject_nul
+from kernelfleet.service.read_limit import PublicReadLimitMiddleware
 from kernelfleet.service.reaper import run_reaper
 from kernelfleet.service.security_headers import SecurityHeadersMiddleware
 from kernelfleet.service.settings import Settings
@@ -38,6 +41,7 @@ API_PREFIX = "/api/v1"
 # ---- routers: one line per module exposing `router` -------------------------------------------
 API_ROUTERS: tuple[str, ...] = (
     "kernelfleet.service.api.enrollment",
+    "kernelfleet.service.api.tokens",
     "kernelfleet.service.api.workers",
     "kernelfleet.service.api.campaigns",
     "kernelfleet.service.api.jobs",
@@ -50,6 +54,7 @@ API_ROUTERS: tuple[str, ...] = (
 SITE_ROUTERS: tuple[str, ...] = (
     "kernelfleet.service.api.health",
     "kernelfleet.service.api.metrics",
+    "kernelfleet.service.api.downloads",
     "kernelfleet.web.router",
 )
 # ------------------------------------------------------------------------------------------------
@@ -81,6 +86,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 with suppress(asyncio.CancelledError):
                     await task
             await waiters.close()
+            close_probe(app.state)
             engine.dispose()
 
     app = FastAPI(
@@ -97,7 +103,11 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.state.lease_waiters = waiters
     app.state.result_limiter = result_limiter
     # outermost last: security headers and metrics see every response, the JSON 500 included
+    app.add_middleware(AuthFirstMiddleware, fastapi_app=lambda: app, factory=session_factory,
+                       settings=settings)  # 401 before a body is read
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(PublicReadLimitMiddleware, concurrency=settings.public_read_concurrency,
+                       wait_seconds=settings.public_read_wait_seconds)
     app.add_middleware(JsonErrorMiddleware)
     app.add_middleware(MetricsMiddleware)
     app.add_middleware(SecurityHeadersMiddleware, style_hashes=plotly_style_hashes())

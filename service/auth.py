@@ -1,6 +1,9 @@
-"""Tokens: the admin token (from settings), enrollment tokens and worker tokens.
+"""Tokens: the admin token (from settings), scoped API tokens, enrollment tokens and worker tokens.
 
-Enrollment and worker tokens are stored only as SHA-256 digests and compared in constant time.
+API, enrollment and worker tokens are stored only as SHA-256 digests and compared in constant time.
+A route names the scopes it accepts (:func:`authorize`): admin routes only ``admin``; the dashboard's
+reads ``admin`` or ``read``; minting enrollment tokens ``admin`` or ``enroll``. The settings' admin
+token has every scope.
 """
 
 from __future__ import annotations
@@ -11,19 +14,26 @@ import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from kernelfleet.service.db import db_now, immediate
-from kernelfleet.service.errors import Forbidden, Unauthorized
-from kernelfleet.service.models import Worker
+from kernelfleet.service.errors import Forbidden, NotFound, Unauthorized
+from kernelfleet.service.models import ApiToken, TokenScope, Worker
 
 ADMIN_PREFIX = "kfa_"
 ENROLL_PREFIX = "kfe_"
 WORKER_PREFIX = "kfw_"
 LEASE_PREFIX = "kfl_"
+# API tokens say their scope in their first letters, so a config file shows which one it holds
+SCOPE_PREFIX = {TokenScope.admin: ADMIN_PREFIX, TokenScope.read: "kfr_", TokenScope.enroll: "kfn_"}
+ADMIN_ONLY = frozenset({TokenScope.admin})
+READERS = frozenset({TokenScope.admin, TokenScope.read})
+ENROLLERS = frozenset({TokenScope.admin, TokenScope.enroll})
 SEEN_EVERY_SECONDS = 15.0  # a worker's last_heartbeat_at is refreshed at most this often...
+Tokened = TypeVar("Tokened", Worker, ApiToken)  # rows found by their token's digest, revocable
 SEEN_FRACTION = 0.1  # ...and at least every tenth of the offline threshold (the fleet page's status)
 
 
@@ -46,12 +56,17 @@ def is_admin_token(token: str, admin_token: str | None) -> bool:
     return hmac.compare_digest(digest(token), digest(admin_token))
 
 
-def _find_worker(session: Session, token: str) -> Worker | None:
+def by_digest(session: Session, model: type[Tokened], token: str) -> Tokened | None:
+    """The row of ``model`` whose ``token_digest`` is the token's (compared in constant time), or None."""
     wanted = digest(token)
-    worker = session.scalars(select(Worker).where(Worker.token_digest == wanted)).first()
-    if worker is None or not hmac.compare_digest(worker.token_digest, wanted):
+    row = session.scalars(select(model).where(model.token_digest == wanted)).first()
+    if row is None or not hmac.compare_digest(row.token_digest, wanted):
         return None
-    return worker
+    return row
+
+
+def _find_worker(session: Session, token: str) -> Worker | None:
+    return by_digest(session, Worker, token)
 
 
 def authenticate_worker(session: Session, token: str | None,
@@ -64,12 +79,12 @@ def authenticate_worker(session: Session, token: str | None,
     concurrent requests and cost a write per heartbeat for nothing).
     """
     if token is None:
-        raise Unauthorized("missing worker token: send `Authorization: Bearer <worker token>`")
+        raise Unauthorized(token_refusal(True, None))
     wanted = digest(token)
     stale = or_(Worker.last_heartbeat_at.is_(None), Worker.last_heartbeat_at < db_now(-refresh_after))
     row = session.execute(select(Worker, stale.label("stale")).where(Worker.token_digest == wanted)).first()
     if row is None or not hmac.compare_digest(row.Worker.token_digest, wanted):
-        raise Unauthorized("invalid worker token: enroll again with `kernelfleet worker --enroll-token ...`")
+        raise Unauthorized(token_refusal(False, None))
     worker: Worker = row.Worker
     if worker.revoked_at is not None:
         raise Unauthorized(f"worker {worker.id} ({worker.name}) was revoked; "
@@ -99,17 +114,82 @@ class WorkerCall:
             yield session, authenticate_worker(session, self.token, self.refresh_after)
 
 
+def revoke(session: Session, model: type[Tokened], row_id: int, missing: str) -> Tokened:
+    """Mark a worker or API token revoked (once: a second revoke keeps the first time); NotFound
+    with ``missing`` when there is no such row."""
+    with immediate(session):
+        row = session.get(model, row_id)
+        if row is None:
+            raise NotFound(missing)
+        if row.revoked_at is None:
+            session.execute(update(model).where(model.id == row_id).values(revoked_at=db_now())
+                            .execution_options(synchronize_session=False))
+        session.refresh(row)
+    return row
+
+
+def find_api_token(session: Session, token: str) -> ApiToken | None:
+    """The API token row of ``token`` (revoked or not), or None."""
+    return by_digest(session, ApiToken, token)
+
+
+def _needs(allowed: frozenset[TokenScope]) -> str:
+    """The words for what a route accepts: "the admin token", "the admin token or a read token"."""
+    others = [f"{'an' if s.value[0] in 'aeiou' else 'a'} {s.value} token" for s in sorted(allowed)
+              if s != TokenScope.admin]
+    return " or ".join(["the admin token", *others])
+
+
+def token_refusal(missing: bool, allowed: frozenset[TokenScope] | None) -> str:
+    """The 401 for no token (``missing``) or a token that is no one's, on a route that takes a token
+    of ``allowed`` (None: a worker's)."""
+    if allowed is None:
+        return ("missing worker token: send `Authorization: Bearer <worker token>`" if missing else
+                "invalid worker token: enroll again with `kernelfleet worker --enroll-token ...`")
+    noun = "admin token" if allowed == ADMIN_ONLY else "token"
+    where = "the coordinator's KERNELFLEET_ADMIN_TOKEN, or one from `kernelfleet admin tokens create`"
+    if missing:
+        return f"missing {noun}: send `Authorization: Bearer <token>` ({_needs(allowed)}: {where})"
+    return f"invalid {noun}: use {_needs(allowed)} ({where})"
+
+
+def token_scope(session_factory: sessionmaker[Session], token: str | None, admin_token: str | None,
+                ) -> TokenScope | None:
+    """The scope ``token`` carries (the settings' admin token: admin), or None for no valid API token."""
+    if token is None:
+        return None
+    if is_admin_token(token, admin_token):
+        return TokenScope.admin
+    with session_factory() as session:
+        row = find_api_token(session, token)
+    return row.scope if row is not None and row.revoked_at is None else None
+
+
+def authorize(session_factory: sessionmaker[Session], token: str | None, admin_token: str | None,
+              allowed: frozenset[TokenScope] = ADMIN_ONLY) -> TokenScope:
+    """Accept the admin token or an unrevoked API token of an ``allowed`` scope; returns its scope.
+    401 without a valid token, 403 for a valid token of another scope or a worker's token (looked up
+    in a short session of its own, only when the token is not the admin token)."""
+    needs = _needs(allowed)
+    if token is None:
+        raise Unauthorized(token_refusal(True, allowed))
+    if is_admin_token(token, admin_token):
+        return TokenScope.admin
+    with session_factory() as session:
+        row = find_api_token(session, token)
+        worker = _find_worker(session, token) if row is None else None
+    if row is not None:
+        if row.revoked_at is not None:
+            raise Unauthorized(f"token {row.id} ({row.name}) was revoked; ask an admin for a new one")
+        if row.scope in allowed:
+            return row.scope
+        raise Forbidden(f"this needs {needs}; a {row.scope.value} token is not accepted here")
+    if worker is not None:
+        raise Forbidden(f"this needs {needs}; a worker token is not accepted here")
+    raise Unauthorized(token_refusal(False, allowed))
+
+
 def authenticate_admin(session_factory: sessionmaker[Session], token: str | None,
                        admin_token: str | None) -> None:
-    """Accept only the admin token: 401 without a valid token, 403 for a worker token (looked up in a
-    short session of its own, only when the token is not the admin token)."""
-    if token is None:
-        raise Unauthorized("missing admin token: send `Authorization: Bearer <admin token>` "
-                           "(the coordinator's KERNELFLEET_ADMIN_TOKEN)")
-    if is_admin_token(token, admin_token):
-        return
-    with session_factory() as session:
-        worker = _find_worker(session, token)
-    if worker is not None:
-        raise Forbidden("this route needs the admin token; a worker token is not accepted here")
-    raise Unauthorized("invalid admin token: use the coordinator's KERNELFLEET_ADMIN_TOKEN")
+    """Accept only an admin token (the settings' or an API token of scope admin)."""
+    authorize(session_factory, token, admin_token, ADMIN_ONLY)

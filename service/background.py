@@ -20,26 +20,39 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import multiprocessing
 import os
 import signal
+import sys
+import threading
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
+from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from kernelfleet.service import campaign_control, notifications, profile_builder, reactions, regression_scans
+from kernelfleet.service.regressions import engine
 from kernelfleet.service.settings import Settings
 
 logger = logging.getLogger(__name__)
 PROCESS_NAME = "kf-background"  # the background process's name (/proc/PID/comm), at most 15 bytes
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when the thread that started it ends
+PARENT_WATCH_SECONDS = 0.5  # elsewhere than Linux: how often the process looks for its parent
+# PostgreSQL (14+) checks this often (ms) whether the client of a running query is still there, so
+# that a background process that is gone releases its locks mid-query, not when the query ends
+CLIENT_CHECK_MS = 1000
 
 
 def run_once(factory: sessionmaker[Session], settings: Settings) -> None:
-    reactions.run_pending(factory)
+    reactions.run_pending(factory, settings)
+    engine.settle_unconfirmable(factory, settings)  # suspects no worker of their chip re-ran in time
     profile_builder.build_pending(factory, settings)
     campaign_control.sweep(factory)
 
@@ -61,9 +74,50 @@ async def run_background(factory: sessionmaker[Session], settings: Settings) -> 
                          _loop("regression scan", regression_scans.run_pending, factory, settings))
 
 
+def _check_client(dbapi_connection: Any, _record: object) -> None:
+    """PostgreSQL 14+: end a query of ours whose client (this process) is gone, within a second."""
+    try:
+        with dbapi_connection.cursor() as cur:
+            cur.execute(f"SET client_connection_check_interval = {CLIENT_CHECK_MS}")
+        dbapi_connection.commit()
+    except Exception:  # older servers, or a pooler that refuses SET: locks then end with the query
+        dbapi_connection.rollback()
+
+
+def _exit_with_parent(parent: int, engine: Engine) -> None:
+    """End this process at once (``os._exit``) when the server that started it is gone or stops
+    it: a pass in progress runs on a worker thread that no cancellation reaches, so waiting for it
+    (``asyncio.run`` does) kept the process, its connections and its per-chip locks for minutes.
+    Its work is transactional: what it was doing rolls back and stays queued for the next pass.
+
+    On Linux the kernel sends SIGTERM the moment the parent dies (``PR_SET_PDEATHSIG``, kill -9
+    included); a thread watching the parent's pid covers other systems and the window before
+    ``prctl``."""
+    def leave(*_: object) -> None:
+        with contextlib.suppress(Exception):  # idle pooled connections end cleanly; the rest with us
+            engine.dispose()
+        logging.shutdown()
+        os._exit(0)
+
+    def on_term(_sig: int, _frame: FrameType | None) -> None:
+        leave()
+
+    signal.signal(signal.SIGTERM, on_term)  # stop_process, and the parent's death below
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            threading.Event().wait(PARENT_WATCH_SECONDS)
+        leave()
+
+    threading.Thread(target=watch, name="kf-parent-watch", daemon=True).start()
+
+
 def _process_main(settings: Settings, parent: int, log_level: str, ready: Event) -> None:
-    """The background process: the loops, until the process that started it is gone."""
-    from kernelfleet.service.db import make_engine, make_sessionmaker
+    """The background process: the loops, until the process that started it is gone or stops it."""
+    from kernelfleet.service.db import is_sqlite, make_engine, make_sessionmaker
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server stops us
     with contextlib.suppress(OSError):  # Linux: `ps`, `top` and bench-load tell it from server processes
@@ -75,19 +129,17 @@ def _process_main(settings: Settings, parent: int, log_level: str, ready: Event)
     # three loops, each a lock-holding session plus the session a hook, build or scan opens beside it
     engine = make_engine(settings.database_url, pool_size=6, max_overflow=2,
                          pool_timeout=settings.db_pool_timeout_seconds)
+    if not is_sqlite(engine):
+        event.listen(engine, "connect", _check_client)
     factory = make_sessionmaker(engine)
+    _exit_with_parent(parent, engine)
 
     async def main() -> None:
-        work = asyncio.create_task(run_background(factory, settings))
+        asyncio.create_task(run_background(factory, settings))
         ready.set()
-        while os.getppid() == parent:  # the server went away without stopping us (SIGKILL): stop too
-            await asyncio.sleep(1.0)
-        work.cancel()
+        await asyncio.Event().wait()  # until _exit_with_parent ends the process
 
-    try:
-        asyncio.run(main())
-    finally:
-        engine.dispose()
+    asyncio.run(main())
 
 
 def start_process(settings: Settings, log_level: str = "warning") -> BaseProcess:

@@ -1,5 +1,5 @@
 """The plan of ``kernelfleet admin campaign create``: each kernel's shapes, from ``--kernel`` x ``--shape``,
-``--kernel-shape KERNEL=SHAPE`` or a model's ``config.json`` (:mod:`kernelfleet.kernels.model_shapes`),
+``--kernel-shape KERNEL=SHAPE`` or a model's ``config.json`` (:mod:`kernelfleet.kernels.patch.model_shapes`),
 printed before anything is queued."""
 
 from __future__ import annotations
@@ -9,15 +9,18 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from kernelfleet.kernels.model_shapes import (
+from kernelfleet.kernels.patch.model_shapes import (
     DEFAULT_DECODE,
     DEFAULT_PREFILL,
+    DEFAULT_VERIFY,
     ModelConfigError,
     derive,
     load_config,
 )
+from kernelfleet.service import campaign_checks
 
 
 def _fail(err: Console, message: str) -> typer.Exit:
@@ -27,10 +30,12 @@ def _fail(err: Console, message: str) -> typer.Exit:
 
 def shape_sets(*, kernel: Sequence[str], shape: Sequence[str], kernel_shape: Sequence[str],
                from_model: Path | None, decode: Sequence[int] | None, prefill: Sequence[int] | None,
-               dtype: Sequence[str], name: str | None, out: Console,
-               err: Console) -> tuple[dict[str, list[str]], list[str], str]:
-    """(kernel -> shapes, dtypes, name) from the command's options; prints the plan. Raises
-    ``typer.Exit(1)`` with one clear line for options that do not make a campaign."""
+               dtype: Sequence[str], name: str | None, out: Console, err: Console,
+               backend: str | None = None, chip: str | None = None, verify: Sequence[int] | None = None,
+               ) -> tuple[dict[str, list[str]], list[str], str]:
+    """(kernel -> shapes, dtypes, name) from the command's options, checked as the coordinator checks
+    them (:mod:`kernelfleet.service.campaign_checks`), then prints the plan. Raises ``typer.Exit(1)``
+    with one line per problem, naming the option it came from, before printing anything."""
     sites: dict[str, list[str]] = {}
     notes: list[str] = []
     if from_model is not None:
@@ -40,18 +45,23 @@ def shape_sets(*, kernel: Sequence[str], shape: Sequence[str], kernel_shape: Seq
         try:
             config = load_config(from_model)
             plan = derive(config, decode=decode if decode is not None else DEFAULT_DECODE,
-                          prefill=prefill if prefill is not None else DEFAULT_PREFILL, dtypes=dtype or None)
+                          prefill=prefill if prefill is not None else DEFAULT_PREFILL, dtypes=dtype or None,
+                          verify=verify if verify is not None else DEFAULT_VERIFY)
         except ModelConfigError as e:
             raise _fail(err, str(e)) from None
         sets, dtypes, sites, notes = plan.kernel_shapes, plan.dtypes, plan.sites, plan.notes
         name = name or f"{plan.model_type} ({from_model.resolve().parent.name})"
         dims = ", ".join(f"{k} {v}" for k, v in plan.dims.items())
         out.print(f"model {plan.model_type}: {dims}", highlight=False, soft_wrap=True)
-        out.print(f"token counts: decode batches {', '.join(map(str, decode or DEFAULT_DECODE))}; "
-                  f"prefill lengths {', '.join(map(str, prefill or DEFAULT_PREFILL))}", highlight=False)
+        line = (f"token counts: decode batches {', '.join(map(str, decode or DEFAULT_DECODE))}; "
+                f"prefill lengths {', '.join(map(str, prefill or DEFAULT_PREFILL))}")
+        if "quantized_matmul" in sets:
+            counts = ", ".join(map(str, verify or DEFAULT_VERIFY))
+            line += f"; quantized matmuls also at {counts} (draft-verify)"
+        out.print(line, highlight=False)
     else:
-        if decode or prefill:
-            raise _fail(err, "--decode and --prefill go with --from-model")
+        if decode or prefill or verify:
+            raise _fail(err, "--decode, --prefill and --verify go with --from-model")
         if bool(kernel) != bool(shape):
             raise _fail(err, "--kernel and --shape go together (every kernel at every shape)")
         if not kernel and not kernel_shape:
@@ -67,8 +77,51 @@ def shape_sets(*, kernel: Sequence[str], shape: Sequence[str], kernel_shape: Seq
                 raise _fail(err, f"--kernel-shape {item!r}: expected KERNEL=SHAPE, e.g. rope=32x1x128")
             sets.setdefault(k, []).append(s)
         dtypes = list(dtype)
+    found = [*_option_problems(sets, dtypes, kernel, from_model is not None),
+             *_target_problems(list(sets), backend, chip, name)]
+    if found:
+        for problem in found[:20]:
+            err.print(f"[bold red]error:[/] {escape(problem)}", highlight=False, soft_wrap=True)
+        more = f" ({len(found) - 20} more not shown)" if len(found) > 20 else ""
+        raise _fail(err, f"nothing was queued: fix the options above{more}")
     print_plan(out, sets, dtypes, sites, notes)
     return sets, dtypes, name
+
+
+def _option_problems(sets: dict[str, list[str]], dtypes: list[str], paired: Sequence[str],
+                     from_model: bool) -> list[str]:
+    """The coordinator's checks, each problem named by the option that gave the value."""
+    if from_model:
+        return campaign_checks.problems(
+            sets, dtypes, kernel_at=lambda k: "--from-model: ",
+            shape_at=lambda k, s: f"--from-model: kernel {k!r}, shape {s!r}: ",
+            dtype_at=lambda d: f"--dtype {d!r}: ")
+    return campaign_checks.problems(
+        sets, dtypes,
+        kernel_at=lambda k: f"--kernel {k!r}: " if k in paired else f"--kernel-shape {k}=...: ",
+        shape_at=lambda k, s: f"--shape {s!r} (kernel {k}): " if k in paired else f"--kernel-shape {k}={s}: ",
+        dtype_at=lambda d: f"--dtype {d!r}: ")
+
+
+def _target_problems(kernels: list[str], backend: str | None, chip: str | None, name: str) -> list[str]:
+    out = []
+    if len(name) > 128:
+        out.append(f"--name: at most 128 characters, got {len(name)}")
+    if chip is not None and not 1 <= len(chip) <= 128:
+        out.append("--chip: a chip name or glob of 1-128 characters, e.g. 'Apple M3*'")
+    if backend is not None and backend not in campaign_checks.BACKENDS:
+        return [*out, f"--backend {backend!r}: choose {', '.join(campaign_checks.BACKENDS)}"]
+    try:
+        campaign_checks.backend_for([k for k in kernels if _known(k)], backend, chip)
+    except ValueError as e:
+        flag = "--chip" if str(e).startswith("target_chip") else "--backend"
+        out.append(f"{flag} {chip if flag == '--chip' else backend!r}: "
+                   + str(e).replace("target_backend", "--backend").replace("target_chip", "--chip"))
+    return out
+
+
+def _known(kernel: str) -> bool:
+    return kernel in campaign_checks.NAMES or kernel in campaign_checks.ZMLX_NAMES
 
 
 def print_plan(out: Console, sets: dict[str, list[str]], dtypes: list[str], sites: dict[str, list[str]],

@@ -9,15 +9,13 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 import uvicorn
 from rich.console import Console
-from sqlalchemy.exc import SQLAlchemyError
 
 from kernelfleet.service import admin_cli, import_cli
-from kernelfleet.service.local_worker import LocalWorker
 from kernelfleet.service.serve_checks import (
     PortInUse,
     check_port_free,
@@ -25,6 +23,9 @@ from kernelfleet.service.serve_checks import (
     quiet_idle_polls,
 )
 from kernelfleet.service.settings import Settings
+
+if TYPE_CHECKING:
+    from kernelfleet.service.local_worker import LocalWorker
 
 err = Console(stderr=True, soft_wrap=True)
 out = Console()
@@ -97,6 +98,8 @@ def serve(
                                  "background process for queued and periodic work (docs/production.md)")] = 1,
 ) -> None:
     """Run the coordinator (API under /api/v1, docs under /docs, health at /healthz, metrics at /metrics)."""
+    from sqlalchemy.exc import SQLAlchemyError  # here, not when every kernelfleet command starts
+
     from kernelfleet.service.app import create_app
     from kernelfleet.service.local_admin import admin_token_path, ensure_admin_token
     from kernelfleet.service.migrate import SchemaNotCurrent
@@ -128,6 +131,11 @@ def serve(
                   f"shown only this once):\n  {token}", highlight=False, soft_wrap=True)
     elif token is None:
         err.print("[yellow]warning:[/] no KERNELFLEET_ADMIN_TOKEN is set: admin routes refuse every request")
+    if settings.host in ("0.0.0.0", "::", "") and not settings.public_url:
+        err.print(f"[yellow]warning:[/] serving on every address, but the dashboard's Add a worker and pull "
+                  f"commands name {settings.local_url}, which other machines cannot reach: set --public-url "
+                  f"(KERNELFLEET_PUBLIC_URL; `make run PUBLIC_URL=...`) to this machine's address",
+                  highlight=False)
     if workers > 1:
         app.state.engine.dispose()  # built only to check the database; each process builds its own
         with _background_process(settings, log_level):
@@ -138,6 +146,8 @@ def serve(
     quiet_idle_polls()  # after uvicorn.Config, which configures its loggers
     worker = None
     if local_worker:
+        from kernelfleet.service.local_worker import LocalWorker  # the ORM: not for every command
+
         worker = LocalWorker(app.state.session_factory, settings.local_url,
                              settings.resolved_data_dir())
     server = _Server(config, worker)
@@ -178,9 +188,62 @@ def _serve_processes(settings: Settings, workers: int, log_level: str) -> None:
                 timeout_keep_alive=KEEP_ALIVE)
 
 
+def demo(
+    reports: Annotated[list[Path] | None, typer.Argument(
+        help="Tuning reports (JSONL) to show [default: benchmarks/results/*_tuning.jsonl here]",
+        show_default=False)] = None,
+    database_url: Annotated[str | None, typer.Option(
+        "--database-url", help="[default: a SQLite file of its own, <user data dir>/kernelfleet/demo]",
+        show_default=False)] = None,
+    host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1)")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default 8600)")] = None,
+    local_worker: Annotated[bool, typer.Option(
+        "--local-worker/--no-local-worker", help="Run the local worker that tunes this machine's CPU"),
+    ] = True,
+) -> None:
+    """Serve the shipped GPU reports (NVIDIA H100, H200) beside this machine's CPU (`make demo`).
+
+    On a database of its own: what tuning does on a GPU, without one."""
+    from sqlalchemy.exc import SQLAlchemyError  # here, not when every kernelfleet command starts
+
+    from kernelfleet.service import demo as demo_fill
+    from kernelfleet.service.import_cli import BadReportFile
+    from kernelfleet.service.local_admin import admin_token_path
+    from kernelfleet.service.migrate import upgrade
+    from kernelfleet.service.settings import default_data_dir
+
+    try:
+        loaded = demo_fill.load(reports or demo_fill.default_reports(Path.cwd()))
+    except BadReportFile as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(1) from None
+    url = database_url or f"sqlite:///{default_data_dir() / 'demo' / 'kernelfleet.db'}"
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        upgrade(url)
+    except SQLAlchemyError as e:
+        reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+        err.print(f"[bold red]error:[/] cannot set up the demo database: {reason}", highlight=False)
+        raise typer.Exit(1) from None
+    settings = _settings(host=host, port=port, database_url=url)
+
+    def token() -> str | None:
+        if settings.admin_token:
+            return settings.admin_token
+        path = admin_token_path(settings)
+        return path.read_text().strip() if path.exists() else None
+
+    demo_fill.fill_when_up(settings.local_url, token, loaded,
+                           lambda line: out.print(line, highlight=False, soft_wrap=True))
+    serve(host=host, port=port, public_url=None, database_url=url, local_worker=local_worker)
+
+
 @db_app.command("upgrade")
 def db_upgrade(database_url: DatabaseUrl = None) -> None:
     """Create or upgrade the schema to the newest revision."""
+    from sqlalchemy.exc import SQLAlchemyError  # here, not when every kernelfleet command starts
+
     from kernelfleet.service.db import make_engine
     from kernelfleet.service.migrate import current_revision, head_revision, upgrade
 
@@ -201,6 +264,7 @@ def db_upgrade(database_url: DatabaseUrl = None) -> None:
 
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
+    app.command("demo")(demo)
     app.add_typer(db_app, name="db")
     admin_cli.register(app)
     import_cli.register(app)

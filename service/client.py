@@ -4,6 +4,8 @@ with a message a person can act on."""
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -17,6 +19,20 @@ DEFAULT_COORDINATOR = "http://127.0.0.1:8600"
 
 class ClientError(Exception):
     pass
+
+
+def wait_until_healthy(url: str, timeout: float = float("inf"), stopping: Callable[[], bool] = lambda: False,
+                       ) -> bool:
+    """Poll ``url``/healthz until it answers 200 (True), ``timeout`` passes or ``stopping()`` (False)."""
+    deadline = time.monotonic() + timeout
+    while not stopping() and time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/healthz", timeout=2.0).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    return False
 
 
 def resolve_admin_token(explicit: str | None) -> str:

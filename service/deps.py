@@ -1,5 +1,6 @@
-"""Typed FastAPI dependencies: ``DbDep``, ``SettingsDep``, ``WorkerCallDep``, ``AdminDep`` and
-``DashboardDep`` (public when ``settings.dashboard_public``, else the admin token).
+"""Typed FastAPI dependencies: ``DbDep``, ``SettingsDep``, ``WorkerCallDep``, ``AdminDep`` (an admin
+token), ``EnrollDep`` (an admin or enroll token) and ``DashboardDep`` (public when
+``settings.dashboard_public``, else an admin or read token).
 
 No dependency holds a database session across the request. FastAPI runs each sync dependency, the
 sync route body and the route's response validation on separate threadpool threads; a session
@@ -23,7 +24,16 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
-from kernelfleet.service.auth import WorkerCall, authenticate_admin, is_admin_token, seen_every
+from kernelfleet.service.auth import (
+    ADMIN_ONLY,
+    ENROLLERS,
+    READERS,
+    WorkerCall,
+    authorize,
+    is_admin_token,
+    seen_every,
+)
+from kernelfleet.service.models import TokenScope
 from kernelfleet.service.settings import Settings
 
 ADMIN_COOKIE = "kernelfleet_admin"
@@ -45,7 +55,8 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 # the unit of work: `with db() as session:` (or `with db() as session, immediate(session):` to write)
 DbDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
 
-bearer_scheme = HTTPBearer(auto_error=False, description="the admin token or a worker's token")
+BEARER = "the admin token, an API token (scope admin, read or enroll) or a worker's token"
+bearer_scheme = HTTPBearer(auto_error=False, description=BEARER)
 BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
 
 
@@ -58,27 +69,38 @@ async def worker_call(credentials: BearerDep, db: DbDep, settings: SettingsDep) 
 
 
 async def require_admin(credentials: BearerDep, db: DbDep, settings: SettingsDep) -> None:
-    await _admin(db, _token(credentials), settings.admin_token)
+    await _authorize(db, _token(credentials), settings.admin_token, ADMIN_ONLY)
+
+
+async def require_enroll(credentials: BearerDep, db: DbDep, settings: SettingsDep) -> None:
+    """Minting enrollment tokens: an admin token or an ``enroll`` one."""
+    await _authorize(db, _token(credentials), settings.admin_token, ENROLLERS)
+
+
+def request_token(request: Request, credentials: HTTPAuthorizationCredentials | None) -> str | None:
+    """A browser's token: the bearer header, else the dashboard's login cookie."""
+    return _token(credentials) or request.cookies.get(ADMIN_COOKIE)
 
 
 async def require_dashboard(request: Request, credentials: BearerDep, db: DbDep,
                             settings: SettingsDep) -> None:
-    """Dashboard pages: open when ``dashboard_public``; otherwise the admin token, as a bearer header
-    or in the ``kernelfleet_admin`` cookie."""
+    """Dashboard pages and their JSON: open when ``dashboard_public``; otherwise an admin or read
+    token, as a bearer header or in the ``kernelfleet_admin`` cookie."""
     if settings.dashboard_public:
         return
-    token = _token(credentials) or request.cookies.get(ADMIN_COOKIE)
-    await _admin(db, token, settings.admin_token)
+    await _authorize(db, request_token(request, credentials), settings.admin_token, READERS)
 
 
-async def _admin(db: sessionmaker[Session], token: str | None, admin_token: str | None) -> None:
-    """The admin token is checked on the event loop; any other token is looked up (for a 403 rather
-    than a 401) on a thread of its own, in a session of its own."""
+async def _authorize(db: sessionmaker[Session], token: str | None, admin_token: str | None,
+                     allowed: frozenset[TokenScope]) -> TokenScope:
+    """The admin token is checked on the event loop; any other token is looked up on a thread of its
+    own, in a session of its own."""
     if token is not None and is_admin_token(token, admin_token):
-        return
-    await run_in_threadpool(authenticate_admin, db, token, admin_token)
+        return TokenScope.admin
+    return await run_in_threadpool(authorize, db, token, admin_token, allowed)
 
 
 WorkerCallDep = Annotated[WorkerCall, Depends(worker_call)]
 AdminDep = Annotated[None, Depends(require_admin)]
+EnrollDep = Annotated[None, Depends(require_enroll)]
 DashboardDep = Annotated[None, Depends(require_dashboard)]

@@ -5,20 +5,23 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import case, select, update
 from sqlalchemy.orm import Session
 
-from kernelfleet.service.auth import ENROLL_PREFIX, WORKER_PREFIX, digest, new_token
+from kernelfleet.service.auth import ENROLL_PREFIX, WORKER_PREFIX, digest, new_token, revoke
 from kernelfleet.service.db import db_now, immediate
-from kernelfleet.service.errors import NotFound, Unauthorized
+from kernelfleet.service.errors import Unauthorized
 from kernelfleet.service.models import Backend, EnrollmentToken, Worker
 from kernelfleet.service.schemas import EnrollIn
 
 
-def mint_enrollment_token(session: Session, ttl_seconds: float) -> tuple[str, datetime]:
+def mint_enrollment_token(session: Session, ttl_seconds: float, uses: int = 1) -> tuple[str, datetime]:
+    """A new enrollment token that enrolls up to ``uses`` workers (one per GPU of a host) before it
+    expires."""
     token = new_token(ENROLL_PREFIX)
     with immediate(session):
-        row = EnrollmentToken(token_digest=digest(token), expires_at=db_now(ttl_seconds))
+        row = EnrollmentToken(token_digest=digest(token), expires_at=db_now(ttl_seconds), max_uses=uses,
+                              uses=0)
         session.add(row)
         session.flush()
         session.refresh(row)
@@ -32,9 +35,11 @@ def enroll_worker(session: Session, body: EnrollIn) -> tuple[int, str]:
     with immediate(session):
         claimed = session.execute(
             update(EnrollmentToken)
-            .where(EnrollmentToken.token_digest == wanted, EnrollmentToken.used_at.is_(None),
+            .where(EnrollmentToken.token_digest == wanted, EnrollmentToken.uses < EnrollmentToken.max_uses,
                    EnrollmentToken.expires_at > db_now())
-            .values(used_at=db_now())
+            .values(uses=EnrollmentToken.uses + 1,
+                    used_at=case((EnrollmentToken.uses + 1 >= EnrollmentToken.max_uses, db_now()),
+                                 else_=EnrollmentToken.used_at))
             .returning(EnrollmentToken.id)
             .execution_options(synchronize_session=False)
         ).scalar()
@@ -57,18 +62,11 @@ def _why_refused(session: Session, wanted: str) -> Unauthorized:
     if row is None:
         return Unauthorized("unknown enrollment token: ask an admin for one "
                             "(`kernelfleet admin enroll-token`)")
-    if row.used_at is not None:
-        return Unauthorized("this enrollment token was already used; each token enrolls one worker")
+    if row.uses >= row.max_uses:
+        each = "one worker" if row.max_uses == 1 else f"{row.max_uses} workers"
+        return Unauthorized(f"this enrollment token was already used; it enrolls {each}")
     return Unauthorized("this enrollment token has expired; ask an admin for a new one")
 
 
 def revoke_worker(session: Session, worker_id: int) -> Worker:
-    with immediate(session):
-        worker = session.get(Worker, worker_id)
-        if worker is None:
-            raise NotFound(f"worker {worker_id} does not exist")
-        if worker.revoked_at is None:
-            session.execute(update(Worker).where(Worker.id == worker_id).values(revoked_at=db_now())
-                            .execution_options(synchronize_session=False))
-        session.refresh(worker)
-    return worker
+    return revoke(session, Worker, worker_id, f"worker {worker_id} does not exist")

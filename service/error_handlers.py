@@ -19,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 from kernelfleet.service.asgi import HttpMiddleware, ResponseWatch
 from kernelfleet.service.errors import CoordinatorError
 from kernelfleet.service.limits import describe_validation_errors
+from kernelfleet.service.routes import routes_at
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +65,13 @@ def install_error_handlers(app: FastAPI) -> None:
         detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 404 and detail == "Not Found":
             detail = "no such route: see /docs for the API"
-        elif exc.status_code == 405:
+        headers = exc.headers
+        if exc.status_code == 405:
             detail = f"{request.method} is not allowed on {request.url.path}: see /docs for the API"
-        return _json(exc.status_code, detail, exc.headers)
+            # what every route on this path allows (Starlette names only the first route's methods)
+            allowed = sorted({m for t in routes_at(request.app, request.scope["path"]) for m in t.methods})
+            headers = {**(headers or {}), "Allow": ", ".join(allowed)} if allowed else headers
+        return _json(exc.status_code, detail, headers)
 
     @app.exception_handler(sa_exc.SQLAlchemyError)
     async def _database_error(request: Request, exc: sa_exc.SQLAlchemyError) -> JSONResponse:

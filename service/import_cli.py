@@ -8,13 +8,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import Progress
 
 from kernelfleet.service.client import DEFAULT_COORDINATOR, AdminClient, ClientError, resolve_admin_token
-from kernelfleet.service.limits import describe_validation_errors
-from kernelfleet.service.schemas import TuningReport
 from kernelfleet.worker.plural import plural
 
 out = Console()
@@ -28,6 +25,12 @@ class BadReportFile(Exception):
 
 def read_reports(path: Path) -> list[dict[str, Any]]:
     """Parse and validate every line; raise :class:`BadReportFile` naming each bad line."""
+    # the API's schemas, loaded here and not when the CLI starts (every kernelfleet command loads this module)
+    from pydantic import ValidationError
+
+    from kernelfleet.service.limits import describe_validation_errors
+    from kernelfleet.service.schemas import TuningReport
+
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:

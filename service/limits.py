@@ -18,11 +18,13 @@ class BodyTooLarge(Exception):
     pass
 
 
-async def _reply(send: Send, status: int, detail: str) -> None:
+async def reply(send: Send, status: int, detail: str,
+                headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """Answer ``{"detail": detail}`` with ``status`` straight from an ASGI middleware."""
     body = json.dumps({"detail": detail}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
+                            (b"content-length", str(len(body)).encode()), *(headers or [])]})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -43,10 +45,10 @@ class BodyLimitMiddleware:
         length = headers.get("content-length")
         if length is not None:
             if not length.isdigit():
-                await _reply(send, 400, "malformed Content-Length header")
+                await reply(send, 400, "malformed Content-Length header")
                 return
             if int(length) > limit:
-                await _reply(send, 413, too_big)
+                await reply(send, 413, too_big)
                 return
         if scope["method"] in _BODY_METHODS and (length is None or int(length) > 0):
             ctype = headers.get("content-type", "").split(";")[0].strip().lower()
@@ -54,7 +56,7 @@ class BodyLimitMiddleware:
                 ctype.startswith("application/") and ctype.endswith("+json"))
             if not json_like:
                 shown = ctype or "none"
-                await _reply(send, 415, f"unsupported content type {shown!r}: send the body as JSON with "
+                await reply(send, 415, f"unsupported content type {shown!r}: send the body as JSON with "
                                         f"`Content-Type: application/json`")
                 return
 
@@ -70,7 +72,7 @@ class BodyLimitMiddleware:
                 if received > limit:
                     if not started and not answered:
                         answered = True
-                        await _reply(send, 413, too_big)
+                        await reply(send, 413, too_big)
                     raise BodyTooLarge
             return message
 

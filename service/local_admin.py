@@ -7,14 +7,12 @@ import os
 import secrets
 from pathlib import Path
 
-from kernelfleet.service.auth import ADMIN_PREFIX
+from kernelfleet import local_state
 from kernelfleet.service.settings import Settings
-
-TOKEN_FILE = "admin_token"
 
 
 def admin_token_path(settings: Settings) -> Path:
-    return settings.resolved_data_dir() / TOKEN_FILE
+    return local_state.admin_token_path(settings.database_url, settings.data_dir)
 
 
 def ensure_admin_token(settings: Settings) -> tuple[str | None, bool]:
@@ -30,6 +28,8 @@ def ensure_admin_token(settings: Settings) -> tuple[str | None, bool]:
         if token:
             return token, False
     path.parent.mkdir(parents=True, exist_ok=True)
+    from kernelfleet.service.auth import ADMIN_PREFIX  # here: the CLI loads this module, auth the ORM
+
     token = ADMIN_PREFIX + secrets.token_urlsafe(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:

@@ -8,14 +8,13 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
-import httpx
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from kernelfleet.service.auth import digest
+from kernelfleet.service.client import wait_until_healthy
 from kernelfleet.service.enrollment import mint_enrollment_token
 from kernelfleet.service.models import Worker
 
@@ -59,14 +58,7 @@ class LocalWorker:
         self._thread.start()
 
     def _start_when_healthy(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                if httpx.get(self.url + "/healthz", timeout=2.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        if self._stopping.is_set():
+        if not wait_until_healthy(self.url, stopping=self._stopping.is_set):
             return
         self.state_dir.mkdir(parents=True, exist_ok=True)
         enroll = None

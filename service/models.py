@@ -82,6 +82,14 @@ class RegressionStatus(enum.StrEnum):
     dismissed = "dismissed"  # the confirmation run did not reproduce it
 
 
+class TokenScope(enum.StrEnum):
+    """What an API token may do (``kernelfleet admin tokens create --scope``)."""
+
+    admin = "admin"  # everything the admin token may do
+    read = "read"  # the dashboard and its JSON, /metrics, `kernelfleet pull`
+    enroll = "enroll"  # mint enrollment tokens (the Add a worker page and command)
+
+
 TZ = DateTime(timezone=True)
 
 
@@ -110,8 +118,26 @@ class EnrollmentToken(Base):
     token_digest: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
     expires_at: Mapped[datetime] = mapped_column(TZ)
-    used_at: Mapped[datetime | None] = mapped_column(TZ)
-    worker_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id", ondelete="SET NULL"))
+    used_at: Mapped[datetime | None] = mapped_column(TZ)  # when its last use was taken
+    worker_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id", ondelete="SET NULL"))  # the last
+    # how many workers it may enroll (one agent per GPU of a host: `kernelfleet worker --gpus all`)
+    max_uses: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
+    uses: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+
+
+class ApiToken(Base):
+    """A named, scoped, revocable bearer token, stored only as its SHA-256 digest (``kernelfleet admin
+    tokens ...``). The ``KERNELFLEET_ADMIN_TOKEN`` of the settings is the bootstrap admin token beside
+    these."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    scope: Mapped[TokenScope] = mapped_column(_enum(TokenScope))
+    token_digest: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    revoked_at: Mapped[datetime | None] = mapped_column(TZ)
 
 
 class Campaign(Base):
@@ -285,6 +311,9 @@ class Regression(Base):
     acknowledged_note: Mapped[str | None] = mapped_column(Text)
     # when its confirmation was announced (webhook deliveries queued); None: not yet, or never confirmed
     alerted_at: Mapped[datetime | None] = mapped_column(TZ)
+    # how it was confirmed ("re-run", "stored runs", "unconfirmed: no worker of this chip") or, while
+    # confirming without a job, what it waits for (service/regressions/engine.py)
+    confirmation: Mapped[str | None] = mapped_column(String(128))
 
 
 class Profile(Base):

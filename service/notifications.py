@@ -44,8 +44,10 @@ EVENT = "regression.confirmed"
 
 
 def alert_text(r: Regression, link: str) -> str:
+    unconfirmed = f" ({r.confirmation})" if (r.confirmation or "").startswith("unconfirmed") else ""
     return (f"KernelFleet: {r.kernel} {r.shape} {r.dtype} on {r.chip} is {100 * r.effect:+.1f}% slower "
-            f"({r.baseline_median_us:.1f} -> {r.new_median_us:.1f} us). Cause: {describe(r.cause)}. {link}")
+            f"({r.baseline_median_us:.1f} -> {r.new_median_us:.1f} us){unconfirmed}. "
+            f"Cause: {describe(r.cause)}. {link}")
 
 
 def payload(r: Regression, settings: Settings) -> dict[str, Any]:
@@ -64,6 +66,7 @@ def payload(r: Regression, settings: Settings) -> dict[str, Any]:
             "baseline_median_us": r.baseline_median_us, "new_median_us": r.new_median_us,
             "effect": r.effect, "p_value": r.p_value, "cause": r.cause, "cause_text": describe(r.cause),
             "baseline_result_id": r.baseline_result_id, "result_id": r.result_id,
+            "confirmation": r.confirmation,
             "detected_at": _utc(r.detected_at),
         },
     }

@@ -19,7 +19,8 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
-from kernelfleet.service.deps import require_admin, require_dashboard, worker_call
+from kernelfleet.service.bodies import add_body_schemas
+from kernelfleet.service.deps import require_admin, require_dashboard, require_enroll, worker_call
 from kernelfleet.service.routes import route_templates
 from kernelfleet.service.settings import Settings
 
@@ -41,6 +42,8 @@ DESCRIPTIONS = {
     503: "the database is unreachable, read-only or busy; retry later",
 }
 _REF = {"$ref": "#/components/schemas/ErrorOut"}
+# every string the coordinator takes refuses NUL (PostgreSQL text cannot hold it): the schema says so
+NO_NUL = "^[^\\u0000]*$"
 _BODY_METHODS = {"post", "put", "patch"}
 
 
@@ -49,16 +52,17 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorOut, "description": DESCRIPTIONS[code]} for code in codes}
 
 
-def _calls(dependant: Dependant) -> Iterator[Any]:
+def dependency_calls(dependant: Dependant) -> Iterator[Any]:
+    """Every dependency callable of a route (its dependencies', too)."""
     for dep in dependant.dependencies:
         yield dep.call
-        yield from _calls(dep)
+        yield from dependency_calls(dep)
 
 
 def _error_codes(route: APIRoute, path: str, method: str, settings: Settings) -> set[int]:
     codes = {422, 500, 503}  # 422: every route refuses NUL characters in its path and query string
-    calls = set(_calls(route.dependant))
-    if require_admin in calls:
+    calls = set(dependency_calls(route.dependant))
+    if require_admin in calls or require_enroll in calls:
         codes |= {401, 403}
     if worker_call in calls:
         codes.add(401)
@@ -78,6 +82,7 @@ def build_openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:
                          routes=app.routes)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     components["ErrorOut"] = ErrorOut.model_json_schema()
+    add_body_schemas(components)  # bodies that routes parse themselves (service/bodies.py)
     for template in route_templates(app):
         route = template.route
         if not isinstance(route, APIRoute) or not template.include_in_schema:
@@ -92,11 +97,33 @@ def build_openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:
                 if declared is None or code == 422:
                     responses[str(code)] = {"description": DESCRIPTIONS[code],
                                             "content": {"application/json": {"schema": _REF}}}
-            if require_dashboard in set(_calls(route.dependant)) and settings.dashboard_public:
+            if require_dashboard in set(dependency_calls(route.dependant)) and settings.dashboard_public:
                 op["security"] = [{}, *op.get("security", [])]  # the token is optional
     for unused in ("HTTPValidationError", "ValidationError"):
         components.pop(unused, None)
+    _declare_no_nul({k: v for k, v in schema.items() if k != "components"})
+    _declare_no_nul({k: v for k, v in components.items() if k != "ErrorOut"})
     return schema
+
+
+def _declare_no_nul(node: Any, names: bool = False) -> None:
+    """Give every string schema under ``node`` without a pattern of its own (or an enum) the pattern
+    :data:`NO_NUL`: requests with NUL get 422 (:mod:`kernelfleet.service.params`, the request
+    models), and a schema that allowed it promised otherwise. ``names``: ``node`` is a
+    ``propertyNames`` schema (always strings)."""
+    if isinstance(node, list):
+        for item in node:
+            _declare_no_nul(item)
+        return
+    if not isinstance(node, dict):
+        return
+    if (names or node.get("type") == "string") and not {"pattern", "enum", "const", "format"} & node.keys():
+        node["pattern"] = NO_NUL
+    for key, value in node.items():
+        if key == "propertyNames" and isinstance(value, dict):
+            _declare_no_nul(value, names=True)
+        elif key not in ("example", "examples", "default"):
+            _declare_no_nul(value)
 
 
 def install_openapi(app: FastAPI, settings: Settings) -> None:

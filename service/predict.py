@@ -56,7 +56,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 
+from kernelfleet.chips import lookup
 from kernelfleet.service import chips
 
 SHAPE_SCALE = 0.5
@@ -120,6 +122,7 @@ def parse_dims(shape: str) -> tuple[int, ...] | None:
     return dims if dims and all(d > 0 for d in dims) else None
 
 
+@lru_cache(maxsize=1 << 16)  # a pure function of two strings, asked for every (target, source) pair
 def shape_distance(a: str, b: str) -> float | None:
     da, db = parse_dims(a), parse_dims(b)
     if da is None or db is None or len(da) != len(db):
@@ -146,7 +149,7 @@ def work_per_thread(config_key: str) -> int:
 
 
 def _more_bandwidth(target: str, source: str) -> bool:
-    a, b = chips.lookup(target), chips.lookup(source)
+    a, b = lookup(target), lookup(source)
     return a is not None and b is not None and a.bandwidth_gbs > MORE_BANDWIDTH * b.bandwidth_gbs
 
 
@@ -176,15 +179,18 @@ def predict(
     valid: Callable[[str], bool] | None = None,
     exclude: set[tuple[str, str, str, str]] | None = None,
     picks: Picks | None = None,
+    similarity: Mapping[str, float] | None = None,
 ) -> Prediction | None:
     """The predicted config for ``kernel`` at ``shape``/``dtype`` on ``chip``, or None without sources.
 
     ``valid(config_key)`` rejects configs the kernel cannot run at ``shape``; ``exclude`` drops
     (chip, kernel, shape, dtype) sources (the held-out shape in the benchmark); ``picks``: the
-    chips' measured picks, for transfers.
+    chips' measured picks, for transfers. ``similarity``: :func:`chip_similarity` of ``chip`` and
+    each other chip over every kernel, when the caller computed it already (then ``observations``
+    need hold only ``kernel``'s tables); chips it lacks are compared on ``observations``.
     """
     sources: list[tuple[float, str, str, str, dict[str, float]]] = []  # weight, chip, shape, dtype, times
-    similarity: dict[str, float] = {}
+    similar: dict[str, float] = dict(similarity or {})
     for other, table in observations.items():
         for (k, s, d), times in table.items():
             if k != kernel or not times or (exclude and (other, k, s, d) in exclude):
@@ -195,9 +201,9 @@ def predict(
             if distance is None:
                 continue
             distance += 0.0 if d == dtype else 1.0
-            if other not in similarity:
-                similarity[other] = chip_similarity(chip, other, observations)
-            weight = similarity[other] * math.exp(-distance / SHAPE_SCALE)
+            if other not in similar:
+                similar[other] = chip_similarity(chip, other, observations)
+            weight = similar[other] * math.exp(-distance / SHAPE_SCALE)
             if weight >= MIN_WEIGHT:
                 sources.append((weight, other, s, d, times))
     if not sources:

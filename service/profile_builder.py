@@ -3,11 +3,12 @@
 Storing a result inserts a ``profile_requests`` row for its chip (insert-only: results of one chip
 never wait on each other). Every :attr:`Settings.background_interval_seconds` each coordinator
 process runs :func:`build_pending` (from :mod:`kernelfleet.service.background`): for each chip with
-requests it takes the chip's lock, answers every request up to the newest one it saw with one build
+requests it takes the chip's lock, answers every request it saw with one build
 (the chip-wide profile and one per MLX version the chip has results for), deletes those requests and
-logs the build (``profile_builds``). Requests that arrive during a build stay queued for the next
-pass, so a new profile version appears within seconds of new data and readers always get the last
-complete version.
+logs the build (``profile_builds``). A build rereads only the stats rows of the series that changed
+since the process's last build (:mod:`kernelfleet.service.series_summaries`). Requests that arrive
+during a build stay queued for the next pass, so a new profile version appears within seconds of
+new data and readers always get the last complete version.
 
 Locks (:mod:`kernelfleet.service.locks`): on PostgreSQL one advisory lock per chip, so replicas
 build different chips at once and never the same chip twice at once; on SQLite an exclusive
@@ -28,14 +29,15 @@ import socket
 import time
 from collections.abc import Iterator
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import Integer, cast, delete, func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from kernelfleet.service import aggregates, calibration, profiles
+from kernelfleet.service import calibration, profiles, series_summaries
 from kernelfleet.service.db import db_now, immediate, is_sqlite, keep_newest, stored_utc
 from kernelfleet.service.locks import file_lock, pg_try_lock
-from kernelfleet.service.models import Calibration, ConfigStat, ProfileBuild, ProfileRequest
+from kernelfleet.service.models import Calibration, ProfileBuild, ProfileRequest
 from kernelfleet.service.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ logger = logging.getLogger(__name__)
 CALIBRATION_LOCK = "calibration:"
 KEEP_BUILDS = 200  # build log rows kept per chip
 KEEP_CALIBRATIONS = 10  # calibrations kept per backend
+ANSWER_BATCH = 10_000  # answered requests deleted per statement
 BUILDER = f"{socket.gethostname()}:{os.getpid()}"
 
 
@@ -61,13 +64,18 @@ def pending_chips(factory: sessionmaker[Session]) -> list[str]:
 
 def _build(session: Session, chip: str, settings: Settings) -> bool:
     """Inside the chip's lock: answer its queued requests with one build. False when none were left."""
-    newest, count, oldest, allow = session.execute(
-        select(func.max(ProfileRequest.id), func.count(), func.min(ProfileRequest.created_at),
-               func.max(cast(ProfileRequest.allow_predicted, Integer)))
+    # the requests this build answers, read before the data: each one's result committed with it, so
+    # the build sees that result. Only these are deleted after, by id: on PostgreSQL an id is handed
+    # out at insert, not at commit, so a request below the newest id seen here may commit later, and
+    # deleting every id up to the newest dropped it unseen (its result stayed out of the profile
+    # until the chip's next result)
+    seen = session.execute(
+        select(ProfileRequest.id, ProfileRequest.created_at, ProfileRequest.allow_predicted)
         .where(ProfileRequest.chip == chip)
-    ).one()
-    if newest is None:
+    ).all()
+    if not seen:
         return False  # another builder answered them
+    count, oldest, allow = len(seen), min(r.created_at for r in seen), any(r.allow_predicted for r in seen)
     started = _clock(session)
     last = session.scalar(select(func.max(ProfileBuild.finished_at)).where(ProfileBuild.chip == chip))
     since = (stored_utc(started) - stored_utc(last)).total_seconds() if last is not None else None
@@ -76,17 +84,25 @@ def _build(session: Session, chip: str, settings: Settings) -> bool:
     if settings.profile_build_delay_seconds > 0:  # a testing knob: a slow build, on purpose
         time.sleep(settings.profile_build_delay_seconds)
     backend = profiles.chip_backend(session, chip)
-    rows = aggregates.load_rows(session, ConfigStat.backend == backend) if backend else []
-    versions = [None, *sorted({r.mlx_version for r in rows if r.chip == chip})]
-    bodies = {v: profiles.build_body(session, chip, v, threshold=settings.prediction_min_confidence,
-                                     allow_predicted=bool(allow), backend_rows=rows) for v in versions}
+    bodies: dict[str | None, dict[str, Any] | None] = {}
+    if backend is not None:
+        cache = series_summaries.cache_for(session, backend)
+        with cache.lock:  # the series changed since the last build are reloaded; the rest is reused
+            cache.refresh(session, lambda rows: profiles.summarize(rows, backend))
+            bins = profiles.calibration_table(session, backend) if backend != "cpu" else None
+            for version in [None, *series_summaries.versions_of(list(cache.summaries.values()), chip)]:
+                bodies[version] = profiles.body_from(
+                    chip, version, backend, series_summaries.current(cache.summaries, version), bins,
+                    threshold=settings.prediction_min_confidence, allow_predicted=bool(allow))
     built: dict[str, int] = {}
     with _write(session):
         for version, body in bodies.items():
             if body is not None:
                 built[version or ""] = profiles.store(session, chip, version, body).version
-        session.execute(delete(ProfileRequest)
-                        .where(ProfileRequest.chip == chip, ProfileRequest.id <= newest))
+        ids = [r.id for r in seen]
+        for start in range(0, len(ids), ANSWER_BATCH):  # within every backend's bound-parameter limit
+            batch = ids[start:start + ANSWER_BATCH]
+            session.execute(delete(ProfileRequest).where(ProfileRequest.id.in_(batch)))
         session.add(ProfileBuild(chip=chip, builder=BUILDER, started_at=started, finished_at=_clock(session),
                                  requests=int(count), oldest_request_at=oldest, versions=built))
         session.flush()
@@ -129,23 +145,26 @@ def calibrate(factory: sessionmaker[Session], backend: str, settings: Settings) 
                 if not pg_try_lock(session, CALIBRATION_LOCK + backend):
                     session.rollback()
                     return None
-            # what the stats have seen: the newest result folded into them (a new run moves it; the
-            # row count alone would not)
-            count = session.scalar(
-                select(func.max(ConfigStat.last_result_id)).where(ConfigStat.backend == backend)) or 0
             last = session.scalars(select(Calibration).where(Calibration.backend == backend)
                                    .order_by(Calibration.id.desc()).limit(1)).first()
-            due = last is None or (
-                last.source_stats != count
-                and session.scalar(select(db_now(-settings.calibration_interval_seconds))) > last.created_at)
-            if not due or count == 0:
+            if last is not None and session.scalar(
+                    select(db_now(-settings.calibration_interval_seconds))) <= last.created_at:
+                session.rollback()
+                return None  # calibrated moments ago (checked first: it needs no stats)
+            # what the stats have seen: the newest result folded into them (a new run moves it; the
+            # row count alone would not), from the builder's series cache (no scan of the rows)
+            cache = series_summaries.cache_for(session, backend)
+            with cache.lock:
+                cache.refresh(session, lambda rows: profiles.summarize(rows, backend))
+                current = series_summaries.current(cache.summaries, None)
+            count = max((s.newest for s in cache.summaries.values()), default=0)
+            if count == 0 or (last is not None and last.source_stats == count):
                 session.rollback()
                 return None
-            rows = aggregates.current_rows(session, ConfigStat.backend == backend)
-            tables, evidence = profiles.observations(rows)
-            samples = calibration.held_out(tables, profiles._validator,
-                                           picks=profiles.measured_picks(evidence, backend))
-            backend_chips = sorted(c for c, b in aggregates.chips_with_data(session).items() if b == backend)
+            tables, picks = profiles.tables_and_picks(current)
+            samples = calibration.held_out(tables, profiles._validator, picks=picks)
+            backend_chips = sorted(c for c in {s.chip for s in cache.summaries.values()}
+                                   if profiles.chip_backend(session, c) == backend)
             with _write(session):
                 row = Calibration(backend=backend, bins=calibration.bins(samples), samples=len(samples),
                                   source_stats=count)
@@ -163,7 +182,7 @@ def calibrate(factory: sessionmaker[Session], backend: str, settings: Settings) 
 def build_pending(factory: sessionmaker[Session], settings: Settings) -> int:
     """One pass: recalibrate what is due, then build every chip with queued requests. Returns builds."""
     with factory() as session:
-        backends = list(session.scalars(select(ConfigStat.backend).distinct()))
+        backends = profiles.backends_with_data(session)
     for backend in backends:
         if backend != "cpu":
             calibrate(factory, backend, settings)

@@ -13,9 +13,11 @@ A profile holds, per kernel, shape and dtype:
 
 CPU profiles hold only built-ins: MLX's CPU backend runs no custom kernels. A profile is stored as
 a versioned row (``profiles``: chip, optional MLX version, version, ETag, body in the
-:mod:`kernelfleet.kernels.profile_file` format). A build whose entries are unchanged keeps the
-version and ETag. Building is background work (:mod:`kernelfleet.service.profile_builder`); its cost
-is O(the stats rows of the chip's backend), independent of how many results are stored.
+:mod:`kernelfleet.kernels.patch.profile_file` format). A build whose entries are unchanged keeps the
+version and ETag. Building is background work (:mod:`kernelfleet.service.profile_builder`) from
+per-series summaries (:mod:`kernelfleet.service.series_summaries`, refreshed by the series that
+changed): it reads O(the changed series' rows) and assembles the body from the backend's current
+series, independent of how many results and old stats rows are stored.
 """
 
 from __future__ import annotations
@@ -24,25 +26,30 @@ import hashlib
 import json
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, load_only
 
-from kernelfleet.kernels.profile_file import SCHEMA
+from kernelfleet.chips import backend_of
+from kernelfleet.kernels.patch.profile_file import SCHEMA
 from kernelfleet.kernels.spec import parse_config_key
-from kernelfleet.service import aggregates, calibration, chips
+from kernelfleet.service import aggregates, calibration, series_summaries
 from kernelfleet.service.aggregates import StatRow
 from kernelfleet.service.db import keep_newest, stored_utc
-from kernelfleet.service.models import Calibration, ConfigStat, Profile
-from kernelfleet.service.predict import ChipTable, Observations, Picks, SourcePick, predict
+from kernelfleet.service.models import Backend, Calibration, ConfigStat, Profile
+from kernelfleet.service.predict import ChipTable, Observations, Picks, SourcePick, chip_similarity, predict
+from kernelfleet.service.series_summaries import SeriesKey
 
 BUILTIN = "builtin"
 # (chip, kernel, shape, dtype) -> {config_key: its stats row}
 Evidence = dict[tuple[str, str, str, str], dict[str, StatRow]]
 
 
+@lru_cache(maxsize=4096)  # a kernel's config space at a shape: built once per process, not per build
 def _validator(kernel: str, shape: str, dtype: str) -> Callable[[str], bool] | None:
     """``valid(config_key)`` from the kernel catalog, or None when the catalog does not know it."""
     try:
@@ -56,15 +63,16 @@ def _validator(kernel: str, shape: str, dtype: str) -> Callable[[str], bool] | N
     return keys.__contains__
 
 
-def _catalog_shapes(kernel: str) -> list[str]:
+@lru_cache(maxsize=256)
+def _catalog_shapes(kernel: str) -> tuple[str, ...]:
     """The catalog's standard shapes of ``kernel`` (decode and large), predicted even when untuned."""
     try:
         from kernelfleet.kernels.catalog import get_spec
         from kernelfleet.kernels.spec import format_shape
 
-        return [format_shape(s) for shapes in get_spec(kernel).shapes.values() for s in shapes]
+        return tuple(format_shape(s) for shapes in get_spec(kernel).shapes.values() for s in shapes)
     except Exception:  # a kernel this coordinator's catalog does not know
-        return []
+        return ()
 
 
 def observations(rows: Sequence[StatRow]) -> tuple[Observations, Evidence]:
@@ -97,22 +105,23 @@ def choose(stats: dict[str, StatRow], backend: str) -> StatRow | None:
     return min(stats.values(), key=lambda r: (r.center_us, r.config_key)) if stats else None
 
 
-def measured_picks(evidence: Evidence, backend: str) -> dict[tuple[str, str, str, str], SourcePick]:
-    """Every chip's measured pick (:func:`choose`) with its margin, for transfers: for a config, the
+def source_pick(stats: dict[str, StatRow], backend: str) -> SourcePick | None:
+    """One series' measured pick (:func:`choose`) with its margin, for transfers: for a config, the
     low end of its same-run speedup interval over the built-in; for the built-in, the inverse of the
-    best config's high end. Series without a same-run comparison with the built-in give none."""
-    out: dict[tuple[str, str, str, str], SourcePick] = {}
-    for key, stats in evidence.items():
-        pick = choose(stats, backend)
-        if pick is None:
-            continue
-        if pick.config_key != BUILTIN:
-            if pick.speedup_lo is not None:
-                out[key] = SourcePick(pick.config_key, pick.speedup_lo)
-            continue
-        others = [r.speedup_hi for k, r in stats.items() if k != BUILTIN and r.speedup_hi]
-        out[key] = SourcePick(BUILTIN, 1.0 / max(others) if others else math.inf)
-    return out
+    best config's high end. None without a same-run comparison with the built-in."""
+    pick = choose(stats, backend)
+    if pick is None:
+        return None
+    if pick.config_key != BUILTIN:
+        return SourcePick(pick.config_key, pick.speedup_lo) if pick.speedup_lo is not None else None
+    others = [r.speedup_hi for k, r in stats.items() if k != BUILTIN and r.speedup_hi]
+    return SourcePick(BUILTIN, 1.0 / max(others) if others else math.inf)
+
+
+def measured_picks(evidence: Evidence, backend: str) -> dict[tuple[str, str, str, str], SourcePick]:
+    """Every chip's :func:`source_pick` per (chip, kernel, shape, dtype) that has one."""
+    picks = {key: source_pick(stats, backend) for key, stats in evidence.items()}
+    return {key: pick for key, pick in picks.items() if pick is not None}
 
 
 def measured_entry(kernel: str, shape: str, dtype: str, pick: StatRow) -> dict[str, Any]:
@@ -141,10 +150,17 @@ def predicted_entries(chip: str, tables: Observations, skip: set[tuple[str, str,
     ``picks``: the chips' measured picks (:func:`measured_picks`), for transfers."""
     fleet = {key for t in tables.values() for key in t}
     catalog = {(k, shape, d) for k, d in {(k, d) for k, _, d in fleet} for shape in _catalog_shapes(k)}
+    # once per build, not per prediction: each chip's similarity to this one (over every kernel) and
+    # each kernel's tables (a prediction reads only its kernel's sources)
+    similarity = {other: chip_similarity(chip, other, tables) for other in tables}
+    by_kernel: dict[str, dict[str, ChipTable]] = {}
+    for other, chip_table in tables.items():
+        for key, times in chip_table.items():
+            by_kernel.setdefault(key[0], {}).setdefault(other, {})[key] = times
     out: list[dict[str, Any]] = []
     for kernel, shape, dtype in sorted((fleet | catalog) - skip):
-        pick = predict(chip, kernel, shape, dtype, tables, valid=_validator(kernel, shape, dtype),
-                       picks=picks)
+        pick = predict(chip, kernel, shape, dtype, by_kernel.get(kernel, {}),
+                       valid=_validator(kernel, shape, dtype), picks=picks, similarity=similarity)
         if pick is None:
             continue
         conf = calibration.confidence(table, pick)
@@ -178,40 +194,93 @@ def calibration_table(session: Session, backend: str) -> list[dict[str, Any]] | 
     return list(row.bins) if row is not None else None
 
 
+def _has(session: Session, *where: Any) -> bool:
+    return session.scalar(select(ConfigStat.id).where(*where).limit(1)) is not None
+
+
 def chip_backend(session: Session, chip: str) -> str | None:
-    """The backend of ``chip``'s results (the GPU one when several), else guessed from its name."""
-    backends = set(session.scalars(select(ConfigStat.backend).where(ConfigStat.chip == chip).distinct()))
-    if backends:
-        return next((b for b in ("metal", "cuda") if b in backends), sorted(backends)[0])
-    return chips.backend_of(chip)
+    """The backend of ``chip``'s results (the GPU one when several), else guessed from its name.
+    Index probes (chip, backend), not a scan of the chip's rows."""
+    for backend in ("metal", "cuda"):
+        if _has(session, ConfigStat.chip == chip, ConfigStat.backend == backend):
+            return backend
+    backends = sorted(session.scalars(select(ConfigStat.backend).where(ConfigStat.chip == chip).distinct()))
+    return backends[0] if backends else backend_of(chip)
+
+
+def backends_with_data(session: Session) -> list[str]:
+    """The backends with stats rows: one index probe each, not a scan of every row."""
+    return [b.value for b in Backend if _has(session, ConfigStat.backend == b.value)]
+
+
+@dataclass(frozen=True)
+class SeriesSummary:
+    """What a profile needs of one series' stats rows (:mod:`kernelfleet.service.series_summaries`)."""
+
+    chip: str
+    mlx_version: str
+    kernel_hash: str
+    kernel: str
+    shape: str
+    dtype: str
+    newest: int  # the newest result folded into any of its rows
+    times: dict[str, float]  # config_key -> robust center time, in config_key order
+    entry: dict[str, Any] | None  # its measured profile entry (:func:`choose`)
+    pick: SourcePick | None  # its pick for transfers (:func:`source_pick`)
+
+
+def summarize(rows: Sequence[StatRow], backend: str) -> SeriesSummary:
+    """The summary of one series from all its stats rows (non-empty)."""
+    first = rows[0]
+    stats = {r.config_key: r for r in sorted(rows, key=lambda r: r.config_key)}
+    chosen = choose(stats, backend)
+    return SeriesSummary(
+        chip=first.chip, mlx_version=first.mlx_version, kernel_hash=first.kernel_hash, kernel=first.kernel,
+        shape=first.shape, dtype=first.dtype, newest=max(r.last_result_id for r in rows),
+        times={k: r.center_us for k, r in stats.items()},
+        entry=measured_entry(first.kernel, first.shape, first.dtype, chosen) if chosen is not None else None,
+        pick=source_pick(stats, backend))
 
 
 def build_body(session: Session, chip: str, mlx_version: str | None, *, threshold: float,
-               allow_predicted: bool = False, backend_rows: Sequence[StatRow] | None = None
+               allow_predicted: bool = False, summaries: dict[SeriesKey, SeriesSummary] | None = None
                ) -> dict[str, Any] | None:
     """The profile body for ``chip`` (all MLX versions, or one), or None when there is nothing to
-    put in it (no measured entry, unless ``allow_predicted``). ``backend_rows``: the stats rows of
-    the chip's backend, when the caller already loaded them (one load serves every version)."""
+    put in it (no measured entry, unless ``allow_predicted``). ``summaries``: the series of the
+    chip's backend, when the caller holds them (:mod:`kernelfleet.service.series_summaries`); else
+    they are made from every stats row of the backend."""
     backend = chip_backend(session, chip)
     if backend is None:
         return None
-    if backend_rows is None:
-        backend_rows = aggregates.load_rows(session, ConfigStat.backend == backend)
-    rows = aggregates.current(backend_rows, mlx_version)
-    tables, evidence = observations(rows)
-    entries: list[dict[str, Any]] = []
-    for (c, kernel, shape, dtype), stats in sorted(evidence.items()):
-        if c != chip:
-            continue
-        pick = choose(stats, backend)
-        if pick is not None:
-            entries.append(measured_entry(kernel, shape, dtype, pick))
+    if summaries is None:
+        rows = aggregates.load_rows(session, ConfigStat.backend == backend)
+        summaries = {key: summarize(series, backend) for key, series in series_summaries.group(rows).items()}
+    return body_from(chip, mlx_version, backend, series_summaries.current(summaries, mlx_version),
+                     calibration_table(session, backend) if backend != "cpu" else None,
+                     threshold=threshold, allow_predicted=allow_predicted)
+
+
+def tables_and_picks(current: Sequence[SeriesSummary]) -> tuple[dict[str, ChipTable], Picks]:
+    """The predictor's inputs from the current series: each chip's times per (kernel, shape, dtype),
+    and each series' measured pick (:func:`source_pick`) where it has one."""
+    tables: dict[str, ChipTable] = {}
+    for s in current:
+        tables.setdefault(s.chip, {})[(s.kernel, s.shape, s.dtype)] = s.times
+    picks = {(s.chip, s.kernel, s.shape, s.dtype): s.pick for s in current if s.pick is not None}
+    return tables, picks
+
+
+def body_from(chip: str, mlx_version: str | None, backend: str, current: Sequence[SeriesSummary],
+              calibration_bins: Sequence[dict[str, Any]] | None, *, threshold: float,
+              allow_predicted: bool) -> dict[str, Any] | None:
+    """The profile body from the backend's current series (in (chip, kernel, shape, dtype) order)."""
+    entries = [s.entry for s in current if s.chip == chip and s.entry is not None]
     if not entries and not allow_predicted:
         return None
     if backend != "cpu":
-        mine = {(e["kernel"], e["shape"], e["dtype"]) for e in entries}
-        entries += predicted_entries(chip, tables, mine, calibration_table(session, backend), threshold,
-                                     measured_picks(evidence, backend))
+        tables, picks = tables_and_picks(current)
+        mine = {(s.kernel, s.shape, s.dtype) for s in current if s.chip == chip and s.entry is not None}
+        entries = [*entries, *predicted_entries(chip, tables, mine, calibration_bins, threshold, picks)]
     if not entries:
         return None
     body = {"schema": SCHEMA, "chip": chip, "backend": backend, "mlx_version": mlx_version,
@@ -251,7 +320,10 @@ KEEP_VERSIONS = 20  # stored versions per (chip, MLX version); older ones are de
 def store(session: Session, chip: str, mlx_version: str | None, body: dict[str, Any]) -> Profile:
     """Store ``body`` as the chip's next version, unless its entries equal the latest version's.
     Keeps the newest :data:`KEEP_VERSIONS` versions."""
-    row = latest(session, chip, mlx_version)
+    same = Profile.mlx_version.is_(None) if mlx_version is None else Profile.mlx_version == mlx_version
+    row = session.scalars(  # not the latest body (it can be megabytes): its version and ETag decide
+        select(Profile).options(load_only(Profile.id, Profile.version, Profile.etag))
+        .where(Profile.chip == chip, same).order_by(Profile.version.desc()).limit(1)).first()
     etag = content_etag(chip, mlx_version, body["entries"])
     if row is not None and row.etag == etag:
         return row
@@ -260,6 +332,5 @@ def store(session: Session, chip: str, mlx_version: str | None, body: dict[str, 
                   body={**body, "version": version, "etag": etag})
     session.add(row)
     session.flush()
-    same = Profile.mlx_version.is_(None) if mlx_version is None else Profile.mlx_version == mlx_version
     keep_newest(session, Profile, KEEP_VERSIONS, Profile.chip == chip, same)
     return row

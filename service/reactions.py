@@ -20,20 +20,21 @@ from kernelfleet.service.db import immediate, is_sqlite
 from kernelfleet.service.hooks import run_result_hooks
 from kernelfleet.service.locks import background_lock
 from kernelfleet.service.models import ResultEvent
+from kernelfleet.service.settings import Settings
 
 logger = logging.getLogger(__name__)
 
 BATCH = 200
 
 
-def _drain(factory: sessionmaker[Session], session: Session, sqlite: bool) -> int:
+def _drain(factory: sessionmaker[Session], settings: Settings, session: Session, sqlite: bool) -> int:
     events = session.execute(
         select(ResultEvent.id, ResultEvent.result_id).order_by(ResultEvent.id).limit(BATCH)
     ).all()
     if sqlite:  # end the read snapshot: the hooks write, and an older snapshot could not write after
         session.rollback()
     for _, result_id in events:
-        run_result_hooks(factory, result_id)
+        run_result_hooks(factory, result_id, settings)
     if events:
         done = delete(ResultEvent).where(ResultEvent.id <= events[-1].id)
         if sqlite:
@@ -44,14 +45,14 @@ def _drain(factory: sessionmaker[Session], session: Session, sqlite: bool) -> in
     return len(events)
 
 
-def run_pending(factory: sessionmaker[Session]) -> int:
+def run_pending(factory: sessionmaker[Session], settings: Settings) -> int:
     """Run the hooks of every queued result (in batches); returns how many results were handled."""
     total = 0
     while True:
         with factory() as session, background_lock(session, "reactions") as mine:
             if not mine:
                 return total
-            done = _drain(factory, session, sqlite=is_sqlite(session.get_bind().engine))
+            done = _drain(factory, settings, session, sqlite=is_sqlite(session.get_bind().engine))
         total += done
         if done < BATCH:
             return total

@@ -1,9 +1,10 @@
 """Storing tuning reports: the one function both job completion and admin import use.
 
 :func:`store_report` inserts a ``results`` row and its ``trials``, folds the trials into the
-incremental ``config_stats`` (O(its trials)), asks for the chip's profile to be rebuilt (one insert
+incremental ``config_stats`` (O(its trials)), asks for the chip's profile to be rebuilt (an insert
 into ``profile_requests``; the background builder coalesces them) and queues the result's reactions
-(one insert into ``result_events``; :mod:`kernelfleet.service.reactions` runs the result hooks in
+(an insert into ``result_events``, in the same statement on PostgreSQL;
+:mod:`kernelfleet.service.reactions` runs the result hooks in
 the background), all in the caller's transaction (it does not commit), so a completion stores its
 result in the same transaction as the job's transition and no reaction is lost.
 """
@@ -16,6 +17,7 @@ from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
 from kernelfleet.service import aggregates
+from kernelfleet.service.db import is_sqlite
 from kernelfleet.service.models import ProfileRequest, Result, ResultEvent, Trial, TrialStatus
 from kernelfleet.service.schemas import TuningReport
 
@@ -87,5 +89,17 @@ def store_report(
     session.execute(insert(Trial.__table__), rows)  # Core executemany: no ORM bookkeeping per trial
     aggregates.record(session, result, [{**r, "status": r["status"].value} for r in rows],
                       report.measured_at)
-    session.add_all([ProfileRequest(chip=env.chip), ResultEvent(result_id=result.id)])
+    queue(session, env.chip, result.id)
     return result
+
+
+def queue(session: Session, chip: str, result_id: int) -> None:
+    """Ask for the chip's profile build and queue the result's reactions: one statement on PostgreSQL
+    (the events insert as a data-modifying CTE of the requests insert), two on SQLite (in-process)."""
+    request = insert(ProfileRequest.__table__).values(chip=chip, allow_predicted=False)
+    event = insert(ResultEvent.__table__).values(result_id=result_id)
+    if is_sqlite(session.get_bind().engine):
+        session.execute(request)
+        session.execute(event)
+    else:
+        session.execute(request.add_cte(event.cte("event")))

@@ -18,7 +18,6 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session, load_only
 
-from kernelfleet.service.errors import Invalid
 from kernelfleet.service.models import Result
 from kernelfleet.service.schemas import OptUtcTime, UtcTime
 
@@ -94,8 +93,9 @@ def _utc(value: datetime) -> datetime:
     """Naive times are UTC; aware ones are converted (SQLite compares the stored UTC text)."""
     try:
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-    except OverflowError:  # e.g. 0001-01-01T00:00+05:00 has no UTC time in datetime's range
-        raise Invalid(f"{value.isoformat()} is outside the range of times that can be compared") from None
+    except OverflowError:  # e.g. 0001-01-01T00:00+05:00 has no UTC time in datetime's range: the
+        # nearest one compares the same with every stored time
+        return (datetime.min if value.year == 1 else datetime.max).replace(tzinfo=UTC)
 
 
 def page(session: Session, filters: ResultFilter, limit: int, cursor: int | None) -> tuple[list[ResultRow],

@@ -8,11 +8,12 @@ the difference for the metrics labels and the OpenAPI post-processing.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from fastapi import FastAPI, routing
-from starlette.routing import BaseRoute
+from starlette.routing import BaseRoute, compile_path
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class RouteTemplate:
     methods: frozenset[str]
     route: BaseRoute  # as declared (an APIRoute for API routes): its dependant, responses, ...
     include_in_schema: bool
+    pattern: str = ""  # the full path with its convertors, e.g. /api/v1/regressions/{regression_id:int}
 
 
 def route_templates(app: FastAPI) -> Iterator[RouteTemplate]:
@@ -29,11 +31,20 @@ def route_templates(app: FastAPI) -> Iterator[RouteTemplate]:
         for route in app.routes:
             methods = frozenset(getattr(route, "methods", None) or ())
             yield RouteTemplate(getattr(route, "path_format", ""), methods, route,
-                                bool(getattr(route, "include_in_schema", True)))
+                                bool(getattr(route, "include_in_schema", True)), getattr(route, "path", ""))
         return
     for ctx in iter_contexts(app.routes):
         yield RouteTemplate(ctx.path_format or "", frozenset(ctx.methods or ()), ctx.original_route,
-                            bool(getattr(ctx, "include_in_schema", True)))
+                            bool(getattr(ctx, "include_in_schema", True)), ctx.path or "")
+
+
+def routes_at(app: FastAPI, path: str) -> list[RouteTemplate]:
+    """The routes whose path matches ``path`` (a request's), whatever their methods."""
+    compiled: list[tuple[re.Pattern[str], RouteTemplate]] | None = getattr(app.state, "route_patterns", None)
+    if compiled is None:
+        compiled = [(compile_path(t.pattern)[0], t) for t in route_templates(app) if t.pattern]
+        app.state.route_patterns = compiled
+    return [t for regex, t in compiled if regex.match(path)]
 
 
 def _key(route: BaseRoute) -> tuple[object, object, object]:

@@ -30,6 +30,10 @@ MAX_TRIALS = 512
 MAX_SAMPLES = 1000
 MAX_GOLDEN_SAMPLE = 256
 MAX_CAMPAIGN_JOBS = 10_000
+MAX_TOKEN_USES = 64  # workers one enrollment token may enroll (GPUs of one host)
+# 4 PiB: below 2**53, so that the bound means the same to every JSON reader (past 2**53 a client
+# reading numbers as doubles took 2**62 + 95 for 2**62, and had it refused)
+MAX_MEMORY_BYTES = 2**52
 DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -99,7 +103,7 @@ class ReportEnv(Strict):
     driver: ShortText | None = None
     kernel_hash: Annotated[str, Field(min_length=1, max_length=64)]
     gpu_cores: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
-    memory_bytes: Annotated[int, Field(ge=0, le=2**62)] | None = None
+    memory_bytes: Annotated[int, Field(ge=0, le=MAX_MEMORY_BYTES)] | None = None
 
 
 class ReportTrial(Strict):
@@ -116,6 +120,8 @@ class ReportTrial(Strict):
     n: Annotated[int, Field(ge=0, le=10**9)] = 0
     max_abs_err: Annotated[float, Field(ge=0.0)] | None = None
     max_rel_err: Annotated[float, Field(ge=0.0)] | None = None
+    # the config measured for this one: their kernels are identical on the backend (worker/measure.py)
+    shares_measurement_with: Annotated[str, Field(min_length=1, max_length=256)] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> ReportTrial:
@@ -191,7 +197,7 @@ def canonical_digest(data: Any) -> str:
 
 class Health(BaseModel):
     status: Literal["ok", "degraded"]
-    database: Literal["ok", "unreachable", "read-only"]
+    database: Literal["ok", "unreachable", "read-only", "unresponsive"]
     detail: str | None = None
 
 
@@ -199,11 +205,64 @@ class Health(BaseModel):
 
 class EnrollTokenIn(Strict):
     ttl_seconds: Annotated[float, Field(gt=0, le=30 * 24 * 3600)] | None = None
+    uses: Annotated[int, Field(ge=1, le=MAX_TOKEN_USES, description="workers it may enroll (one per GPU)")
+                    ] = 1
 
 
 class EnrollTokenOut(BaseModel):
     token: str
     expires_at: UtcTime
+    uses: int = 1
+
+
+class AddWorkerIn(Strict):
+    gpus: Annotated[int, Field(ge=1, le=MAX_TOKEN_USES, description="agents on the host (one per GPU)")] = 1
+    ttl_seconds: Annotated[float, Field(gt=0, le=30 * 24 * 3600)] | None = None
+
+
+class StepOut(BaseModel):
+    what: str
+    command: str
+
+
+class PlatformOut(BaseModel):
+    key: str  # macos | linux-cuda
+    title: str
+    steps: list[StepOut]
+    alternatives: list[StepOut]
+
+
+class AddWorkerOut(BaseModel):
+    """How to install and enroll a new machine, with a fresh enrollment token for ``uses`` workers."""
+
+    public_url: str
+    wheel_url: str
+    token: str
+    expires_at: UtcTime
+    uses: int
+    platforms: list[PlatformOut]
+    notes: list[str]
+
+
+class TokenIn(Strict):
+    name: Name
+    scope: Literal["admin", "read", "enroll"]
+
+
+class TokenOut(BaseModel):
+    """An API token as listed: never the token itself (only its digest is stored)."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    scope: str
+    created_at: UtcTime
+    revoked_at: OptUtcTime = None
+
+
+class TokenCreatedOut(TokenOut):
+    token: str  # shown this once
 
 
 class EnrollIn(Strict):
@@ -212,7 +271,7 @@ class EnrollIn(Strict):
     chip: Name
     backend: BackendName
     gpu_cores: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
-    memory_bytes: Annotated[int, Field(ge=0, le=2**62)] | None = None
+    memory_bytes: Annotated[int, Field(ge=0, le=MAX_MEMORY_BYTES)] | None = None
     os: ShortText = ""
     mlx_version: Annotated[str, Field(max_length=64)] = ""
     driver: ShortText | None = None
@@ -251,7 +310,9 @@ class CampaignIn(Strict):
     name: Name
     kernels: Annotated[list[KernelName], Field(min_length=1, max_length=64)] | None = None
     shapes: Annotated[list[ShapeText], Field(min_length=1, max_length=64)] | None = None
-    kernel_shapes: Annotated[dict[KernelName, Annotated[list[ShapeText], Field(min_length=1, max_length=64)]],
+    # a quantized model plans one shape per (layer format, token count): 256 a kernel, not 64
+    kernel_shapes: Annotated[dict[KernelName,
+                                  Annotated[list[ShapeText], Field(min_length=1, max_length=256)]],
                              Field(min_length=1, max_length=64,
                                    description="kernel -> its own shapes (instead of kernels x shapes)")
                              ] | None = None
@@ -292,52 +353,20 @@ class CampaignIn(Strict):
 
 def _check_against_catalog(kernel_shapes: dict[str, list[str]], dtypes: Sequence[str]) -> None:
     """Refuse a campaign whose jobs no worker could run: unknown kernels, shapes a kernel rejects
-    (e.g. rope wants batch x heads x seq x dim), dtypes it does not support."""
-    from kernelfleet.kernels.catalog import get_spec
-    from kernelfleet.kernels.spec import KernelError, parse_shape
+    (e.g. rope wants batch x heads x seq x dim) or too large for any machine, dtypes it does not
+    support (:mod:`kernelfleet.service.campaign_checks`, which the CLI runs before it prints a plan)."""
+    from kernelfleet.service.campaign_checks import problems
 
-    problems = []
-    for kernel, shapes in kernel_shapes.items():
-        try:
-            spec = get_spec(kernel)
-        except KernelError as e:
-            problems.append(str(e))
-            continue
-        for dtype in dtypes:
-            try:
-                spec.check_dtype(dtype)
-            except KernelError as e:
-                problems.append(str(e))
-        for shape in shapes:
-            try:
-                spec.validate_shape(parse_shape(shape))
-            except KernelError as e:
-                problems.append(f"kernel {kernel!r}, shape {shape!r}: {e}")
-    if problems:
-        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-        raise ValueError("; ".join(problems[:5]) + more)
+    found = problems(kernel_shapes, dtypes)
+    if found:
+        more = f" (and {len(found) - 5} more)" if len(found) > 5 else ""
+        raise ValueError("; ".join(found[:5]) + more)
 
 
 def _backend_for(kernels: Sequence[str], target: str | None, chip: str | None) -> Any:
-    """The campaign's backend: kernels whose custom configs run on one backend only (zmlx's:
-    Metal) make the campaign target it; naming another backend is refused."""
-    from kernelfleet.kernels.catalog import get_spec
+    from kernelfleet.service.campaign_checks import backend_for
 
-    only = {b for k in kernels if len(bs := get_spec(k).backends) == 1 for b in bs}
-    if not only:
-        return target
-    if len(only) > 1 or (target is not None and target not in only):
-        runs = ", ".join(f"{k} runs on {'/'.join(get_spec(k).backends)}" for k in kernels
-                         if len(get_spec(k).backends) == 1)
-        raise ValueError(f"no backend can run every kernel of this campaign ({runs}); "
-                         f"target_backend {target!r} cannot")
-    backend = next(iter(only))
-    from kernelfleet.service.chips import backend_of
-
-    if chip is not None and backend_of(chip) not in (None, backend):
-        raise ValueError(f"target_chip {chip!r} is not a {backend} chip, and {', '.join(kernels)} "
-                         f"run custom kernels on {backend} only")
-    return backend
+    return backend_for(kernels, target, chip)
 
 
 class Progress(BaseModel):
@@ -415,6 +444,9 @@ class LeaseTokenIn(Strict):
 
 class HeartbeatOut(BaseModel):
     lease_expires_at: UtcTime
+    # when to send the next one: the coordinator spreads the fleet's heartbeats (a random share of a
+    # third of the lease), so that workers leased in one burst do not beat in waves for ever after
+    next_heartbeat_seconds: float | None = None
 
 
 class CompleteIn(Strict):

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from platformdirs import user_data_dir
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from sqlalchemy.engine import make_url
 
+from kernelfleet import local_state
+from kernelfleet.local_state import default_data_dir, default_database_url
 
-def default_data_dir() -> Path:
-    return Path(user_data_dir("kernelfleet", appauthor=False))
-
-
-def default_database_url() -> str:
-    return f"sqlite:///{default_data_dir() / 'kernelfleet.db'}"
+__all__ = ["Settings", "default_data_dir", "default_database_url"]
 
 
 class Settings(BaseSettings):
@@ -39,6 +33,10 @@ class Settings(BaseSettings):
     requeue_backoff_seconds: float = 5.0
     requeue_backoff_max_seconds: float = 300.0
     reaper_interval_seconds: float = 5.0
+    # a heartbeat's answer tells the worker when to send the next one: a third of the lease, less a
+    # random share of up to this fraction of it (spreads heartbeats; workers that ignore it beat
+    # every third of the lease, as before)
+    heartbeat_jitter: float = Field(default=0.4, ge=0.0, lt=1.0)
     # a fresh lease runs out after this unless the worker confirms it (its first heartbeat)
     lease_confirm_seconds: float = 30.0
     # idle workers: a lease request may wait this long for work (long-poll); one query per
@@ -60,6 +58,12 @@ class Settings(BaseSettings):
     result_concurrency: int = 4
     # request limits
     max_body_bytes: int = 4 * 1024 * 1024
+    # unauthenticated GETs (public dashboard, its JSON, /metrics) running at once per process; more
+    # wait up to public_read_wait_seconds for a slot, then get 503 + Retry-After (service/read_limit.py)
+    public_read_concurrency: int = Field(default=4, ge=1)
+    public_read_wait_seconds: float = Field(default=2.0, ge=0)
+    # /healthz answers 503 (database "unresponsive") when its probe takes longer than this
+    healthz_timeout_seconds: float = Field(default=2.0, gt=0)
     # dashboard
     dashboard_public: bool = True
     # background work (service/background.py): result reactions, then profile building
@@ -79,6 +83,9 @@ class Settings(BaseSettings):
     # regression detection
     regression_min_effect: float = 0.03
     regression_history_runs: int = 20
+    # a suspected regression whose confirm job no worker has leased this long, while no worker of its
+    # chip is online, is settled by the runs stored since, else raised as unconfirmed
+    regression_confirm_wait_seconds: float = 900.0
     # alerts (service/notifications.py): a POST to each URL when a regression is confirmed, in the
     # background, retried with exponential backoff; KERNELFLEET_WEBHOOK_URLS='["https://..."]'
     webhook_urls: list[str] = Field(default_factory=list)
@@ -100,7 +107,7 @@ class Settings(BaseSettings):
     @property
     def is_local(self) -> bool:
         """Local mode: the database is a SQLite file on this machine."""
-        return self.database_url.startswith("sqlite")
+        return local_state.is_local(self.database_url)
 
     @property
     def local_url(self) -> str:
@@ -114,15 +121,4 @@ class Settings(BaseSettings):
         return (self.public_url or self.local_url).rstrip("/")
 
     def resolved_data_dir(self) -> Path:
-        if self.data_dir is not None:
-            return self.data_dir.expanduser()
-        if self.is_local:
-            database = make_url(self.database_url).database
-            if database and database != ":memory:":
-                return Path(database).expanduser().resolve().parent
-        return default_data_dir()
-
-
-@lru_cache(maxsize=1)
-def get_settings() -> Settings:
-    return Settings()
+        return local_state.data_dir(self.database_url, self.data_dir)

@@ -119,7 +119,12 @@ def test_load_balancer_and_coordinators_agree() -> None:
     assert proxy_pass["args"] == [f"http://{upstream['args'][0]}"]
     (listen,) = directives(config, "listen")
     assert services["lb"]["ports"] == [f"8600:{listen['args'][0]}"]
-    # the balancer lets through what a coordinator accepts and waits as long as a lease may
+    limits_agree(config)
+
+
+def limits_agree(config: list[dict[str, Any]]) -> None:
+    """The proxy lets through what a coordinator accepts, waits as long as a lease may, and never
+    replays a POST on another replica (no "non_idempotent" retry)."""
     from kernelfleet.service.settings import Settings
 
     defaults = Settings(database_url="sqlite://")
@@ -127,6 +132,60 @@ def test_load_balancer_and_coordinators_agree() -> None:
     assert body["args"] == [f"{defaults.max_body_bytes // 2**20}m"]
     (read_timeout,) = directives(config, "proxy_read_timeout")
     assert float(read_timeout["args"][0].removesuffix("s")) > defaults.lease_wait_max_seconds
-    # a POST is never replayed on another replica (no "non_idempotent" retry)
     (next_upstream,) = directives(config, "proxy_next_upstream")
     assert "non_idempotent" not in next_upstream["args"]
+
+
+def interpolations(value: Any) -> list[tuple[str, str, str]]:
+    """Every ``${NAME<op>text}`` in the compose file's strings: (NAME, op, text); op is ':?', ':-' or ''."""
+    if isinstance(value, dict):
+        return [i for v in value.values() for i in interpolations(v)]
+    if isinstance(value, list):
+        return [i for v in value for i in interpolations(v)]
+    if not isinstance(value, str):
+        return []
+    return [(m["name"], m["op"] or "", m["text"] or "")
+            for m in re.finditer(r"\$\{(?P<name>\w+)(?:(?P<op>:?[-?])(?P<text>[^}]*))?\}", value)]
+
+
+def test_secrets_come_from_the_environment_and_the_public_url_is_passed() -> None:
+    """No default passwords or tokens: compose refuses to start until each secret is set (``:?``); the
+    coordinators get the public URL (the dashboard's Add a worker and pull commands name it), and
+    deploy/env.example lists every variable compose requires."""
+    data = load()
+    found = interpolations(data)
+    secrets = [(name, op) for name, op, _ in found if re.search(r"PASSWORD|TOKEN|SECRET", name)]
+    assert {"POSTGRES_PASSWORD", "KERNELFLEET_ADMIN_TOKEN"} <= {name for name, _ in secrets}
+    assert all(op == ":?" for _, op in secrets), f"a secret with a default or none required: {secrets}"
+    for name, replica in coordinators(data["services"]).items():
+        env = replica["environment"]
+        assert interpolations(env.get("KERNELFLEET_PUBLIC_URL")) and all(
+            op == ":?" for _, op, _ in interpolations(env["KERNELFLEET_PUBLIC_URL"])), name
+    required = {name for name, op, _ in found if op == ":?"}
+    example = (ROOT / "deploy" / "env.example").read_text()
+    listed = set(re.findall(r"^(\w+)=", example, re.M))
+    assert required <= listed, f"deploy/env.example lacks {sorted(required - listed)}"
+
+
+def test_the_tls_example_agrees_with_the_coordinator() -> None:
+    """deploy/nginx-tls.conf (README: Run a fleet): HTTPS on 443 with a certificate, plain HTTP only
+    redirects, and the same limits as the compose balancer in front of one `kernelfleet serve` on the
+    loopback, the address deploy/kernelfleet.service serves on."""
+    parsed = crossplane.parse(str(ROOT / "deploy" / "nginx-tls.conf"), single=True,
+                              check_ctx=False)  # a conf.d file: its directives live in nginx's http{}
+    assert parsed["status"] == "ok", parsed["errors"]
+    config = list(parsed["config"][0]["parsed"])
+    listens = [d["args"] for d in directives(config, "listen")]
+    assert ["443", "ssl"] in listens and ["80"] in listens
+    assert directives(config, "ssl_certificate") and directives(config, "ssl_certificate_key")
+    (upstream,) = directives(config, "upstream")
+    (server,) = directives(upstream["block"], "server")
+    unit = (ROOT / "deploy" / "kernelfleet.service").read_text()
+    start = re.search(r"^ExecStart=(.*)$", unit, re.M)
+    assert start is not None
+    serve = start.group(1).split()
+    assert server["args"][0] == f"{option(serve, '--host')}:{option(serve, '--port')}"
+    assert "KERNELFLEET_PUBLIC_URL=https://" in unit
+    limits_agree(config)
+    headers = [d["args"] for d in directives(config, "proxy_set_header")]
+    assert ["X-Forwarded-Proto", "$scheme"] in headers

@@ -19,10 +19,10 @@ PACKAGES = ("service", "worker", "web", "kernels", "migrations")
 # patch module; asking for kernelfleet.patch does
 LAZY_PATCH = (
     "import sys, kernelfleet, kernelfleet.service\n"
-    "assert 'mlx_lm' not in sys.modules and 'kernelfleet.kernels.model_patch' not in sys.modules\n"
+    "assert 'mlx_lm' not in sys.modules and 'kernelfleet.kernels.patch.model_patch' not in sys.modules\n"
     "from kernelfleet import patch, unpatch\n"
-    "assert patch.__module__ == unpatch.__module__ == 'kernelfleet.kernels.model_patch'\n"
-    "print('patch from', sys.modules['kernelfleet.kernels.model_patch'].__file__)\n"
+    "assert patch.__module__ == unpatch.__module__ == 'kernelfleet.kernels.patch.model_patch'\n"
+    "print('patch from', sys.modules['kernelfleet.kernels.patch.model_patch'].__file__)\n"
 )
 
 
@@ -33,7 +33,7 @@ def test_editable_install_imports_kernelfleet_patch(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
-    assert f"patch from {ROOT / 'kernels' / 'model_patch.py'}" in r.stdout
+    assert f"patch from {ROOT / 'kernels' / 'patch' / 'model_patch.py'}" in r.stdout
 
 
 @pytest.mark.slow
@@ -74,7 +74,7 @@ def test_wheel_installs_and_imports_outside_the_repo(tmp_path: Path) -> None:
     r = subprocess.run([str(py), "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().startswith(target), r.stdout
-    assert f"patch from {target}/kernelfleet/kernels/model_patch.py" in r.stdout, r.stdout
+    assert f"patch from {target}/kernelfleet/kernels/patch/model_patch.py" in r.stdout, r.stdout
     main = prelude + "sys.argv = ['kernelfleet', '--help']\nfrom kernelfleet.worker.cli import main; main()\n"
     cli = subprocess.run([str(py), "-c", main],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)

@@ -14,9 +14,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from kernelfleet.kernels import profile_file
+from kernelfleet.kernels.patch import profile_file
 from kernelfleet.kernels.spec import config_key
-from kernelfleet.kernels.zmlx_capture import capture
+from kernelfleet.kernels.zmlx.capture import capture
 
 llama = pytest.importorskip("mlx_lm.models.llama", reason="mlx-lm is not installed")
 

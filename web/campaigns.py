@@ -34,7 +34,7 @@ def _counts(session: Session, campaign_ids: list[int]) -> dict[int, dict[str, in
         .where(Job.campaign_id.in_(campaign_ids))
         .group_by(Job.campaign_id, Job.state)
     )
-    for cid, state, n in session.execute(q).tuples():
+    for cid, state, n in session.execute(q):
         if cid is not None:
             out[cid][str(state)] = int(n)
     return out
@@ -63,7 +63,6 @@ def campaigns(
         loose = dict(
             session.execute(select(Job.state, func.count()).where(Job.campaign_id.is_(None))
                             .group_by(Job.state))
-            .tuples()
             .all()
         )
         return page(
@@ -100,7 +99,7 @@ def campaign(
             select(Job.kernel, Job.state, func.count())
             .where(Job.campaign_id == campaign_id)
             .group_by(Job.kernel, Job.state)
-        ).tuples():
+        ):
             per_kernel.setdefault(k, {})[str(s)] = int(n)
         where: list[ColumnElement[bool]] = [Job.campaign_id == campaign_id]
         if state:

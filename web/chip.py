@@ -88,4 +88,6 @@ def chip_page(
             workers=workers,
             downloads=result_links(chip=chip, kernel=kernel, dtype=dtype, mlx_version=mlx),
             now=db_clock(session),
+            cpu_chip=session.scalar(select(Result.backend).where(Result.chip == chip).limit(1)) == "cpu"
+            or any(str(w.backend) == "cpu" for w in workers),
         )

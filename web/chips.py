@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import Request
 from fastapi.responses import HTMLResponse
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from kernelfleet.service.deps import DbDep
 from kernelfleet.service.models import Result, Worker
@@ -12,6 +13,14 @@ from kernelfleet.web.render import db_clock, page
 from kernelfleet.web.routing import page_router
 
 router = page_router()
+
+
+def cpu_only(session: Session) -> bool:
+    """True when results exist and all are from MLX's CPU backend, where every speedup is 1.00x (it
+    runs no custom kernel): the pages then point to `make demo` and GPU workers. Two LIMIT 1 reads."""
+    if session.scalar(select(Result.id).where(Result.backend != "cpu").limit(1)) is not None:
+        return False
+    return session.scalar(select(Result.id).limit(1)) is not None
 
 
 @router.get("/chips", response_class=HTMLResponse)
@@ -38,7 +47,7 @@ def chips_index(request: Request, db: DbDep) -> HTMLResponse:
         }
         for chip, backend, n in session.execute(
             select(Worker.chip, func.max(Worker.backend), func.count()).group_by(Worker.chip)
-        ).tuples():
+        ):
             row = rows.setdefault(
                 chip, {"chip": chip, "runs": 0, "last": None, "backend": str(backend), "workers": 0}
             )
@@ -49,6 +58,7 @@ def chips_index(request: Request, db: DbDep) -> HTMLResponse:
             title="Chips",
             rows=sorted(rows.values(), key=lambda r: r["chip"]),
             now=db_clock(session),
+            cpu_only=cpu_only(session),
         )
 
 

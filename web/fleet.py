@@ -17,6 +17,7 @@ from kernelfleet.service.db import db_now
 from kernelfleet.service.deps import DbDep, SettingsDep
 from kernelfleet.service.models import Job, JobState, Regression, RegressionStatus, Result, Worker
 from kernelfleet.service.worker_status import STATUSES, worker_status
+from kernelfleet.web.chips import cpu_only
 from kernelfleet.web.figures import results_per_day_figure
 from kernelfleet.web.render import db_clock, utc
 from kernelfleet.web.render import page as page_response
@@ -124,14 +125,14 @@ def _since_midnight(now: datetime) -> float:
 
 def _totals(session: Session, now: datetime) -> dict[str, int]:
     jobs: dict[Any, int] = dict(
-        session.execute(select(Job.state, func.count()).group_by(Job.state)).tuples().all()
+        session.execute(select(Job.state, func.count()).group_by(Job.state)).all()
     )
     regressions: dict[Any, int] = dict(
         session.execute(
             select(Regression.status, func.count())
             .where(Regression.status.in_([RegressionStatus.open, RegressionStatus.confirming]))
             .group_by(Regression.status)
-        ).tuples().all()
+        ).all()
     )
     today = session.scalar(  # the last bar of the per-day chart, imports included
         select(func.count()).select_from(Result).where(Result.created_at >= db_now(-_since_midnight(now)))
@@ -188,4 +189,5 @@ def fleet(
             matching=matching,
             offline_after=offline_after,
             utc=utc,
+            cpu_only=cpu_only(session),
         )

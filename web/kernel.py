@@ -13,7 +13,7 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from kernelfleet.service.chips import backend_of
+from kernelfleet.chips import backend_of
 from kernelfleet.service.deps import DbDep
 from kernelfleet.service.models import Result
 from kernelfleet.web.downloads import result_links
@@ -47,7 +47,7 @@ def _drift(session: Session, kernel: str, latest: list[Latest]) -> list[DriftRow
     goldens: dict[int, dict[str, Any]] = {}
     for start in range(0, len(ids), 500):
         q = select(Result.id, Result.golden).where(Result.id.in_(ids[start : start + 500]))
-        goldens.update({rid: golden for rid, golden in session.execute(q).tuples()})
+        goldens.update({rid: golden for rid, golden in session.execute(q)})
     groups: dict[tuple[str, str], list[Latest]] = {}
     for r in latest:
         groups.setdefault((r.shape, r.dtype), []).append(r)

@@ -61,7 +61,6 @@ def _latest_profiles(session: Session) -> list[ProfileRow]:
     bodies: dict[int, Any] = (
         dict(
             session.execute(select(Profile.id, Profile.body).where(Profile.id.in_([r.id for r in rows])))
-            .tuples()
             .all()
         )
         if rows

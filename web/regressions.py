@@ -69,10 +69,10 @@ def _cards(session: Session, regs: list[Regression]) -> list[Card]:
             .where(Regression.group_key.in_(keys))
             .group_by(Regression.group_key)
         )
-        groups = {k: (int(n), int(c)) for k, n, c in session.execute(q).tuples()}
+        groups = {k: (int(n), int(c)) for k, n, c in session.execute(q)}
     jobs = [r.confirm_job_id for r in regs if r.confirm_job_id is not None]
     states: dict[int, Any] = (
-        dict(session.execute(select(Job.id, Job.state).where(Job.id.in_(jobs))).tuples().all())
+        dict(session.execute(select(Job.id, Job.state).where(Job.id.in_(jobs))).all())
         if jobs
         else {}
     )
@@ -121,7 +121,7 @@ def regressions(
         )
         counts = dict(
             session.execute(select(Regression.status, func.count()).group_by(Regression.status))
-            .tuples().all()
+            .all()
         )
         return page(
             request,

@@ -10,9 +10,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Form, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from kernelfleet.service.auth import is_admin_token
-from kernelfleet.service.deps import ADMIN_COOKIE, SettingsDep
+from kernelfleet.service.auth import token_scope
+from kernelfleet.service.deps import ADMIN_COOKIE, DbDep, SettingsDep
 from kernelfleet.web import (
+    add_worker,
     campaigns,
     chip,
     chips,
@@ -48,17 +49,18 @@ def login_form(request: Request, next: str = "/") -> HTMLResponse:
 def login(
     request: Request,
     settings: SettingsDep,
+    db: DbDep,
     token: str = Form(max_length=512),
     next: str = Form("/", max_length=1000),
 ) -> Response:
-    if not is_admin_token(token.strip(), settings.admin_token):
+    if token_scope(db, token.strip(), settings.admin_token) is None:
         return page(
             request,
             "login.html",
             status_code=401,
             title="Sign in",
             next=next,
-            error="That is not the coordinator's admin token.",
+            error="That is not the coordinator's admin token, nor an API token it knows (or it was revoked).",
         )
     target = next if next.startswith("/") and not next.startswith("//") else "/"
     response = RedirectResponse(target, status_code=303)
@@ -76,5 +78,5 @@ def logout() -> Response:
     return response
 
 
-for _module in (fleet, chips, chip, kernel, compare, regressions, campaigns, profiles, runs):
+for _module in (add_worker, fleet, chips, chip, kernel, compare, regressions, campaigns, profiles, runs):
     router.include_router(_module.router)

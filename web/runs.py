@@ -6,7 +6,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 from sqlalchemy import case, select
 
-from kernelfleet.service.chips import lookup
+from kernelfleet.chips import lookup
 from kernelfleet.service.deps import DbDep
 from kernelfleet.service.models import Result, Trial, TrialStatus, Worker
 from kernelfleet.service.params import RowId
@@ -66,7 +66,6 @@ def run(request: Request, db: DbDep, result_id: RowId) -> HTMLResponse:
         samples = (
             dict(
                 session.execute(select(Trial.id, Trial.samples_us).where(Trial.id.in_(fastest + builtin)))
-                .tuples()
                 .all()
             )
             if fastest

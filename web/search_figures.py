@@ -5,7 +5,7 @@
   value joined by a line, the built-in as a dashed line;
 - :func:`bandwidth_figure`: the achieved memory bandwidth of the fastest configs (the kernel's
   minimum bytes moved, ``KernelSpec.bytes_moved``, over the median time) against the chip's
-  published bandwidth (``kernelfleet.service.chips``), so "how close to the roof" reads at a glance.
+  published bandwidth (``kernelfleet.chips``), so "how close to the roof" reads at a glance.
 """
 
 from __future__ import annotations

@@ -209,7 +209,7 @@ def window_points(
 def kernels_on(session: Session, chip: str) -> list[tuple[str, int]]:
     """The kernels with results on ``chip`` and how many runs each has."""
     q = select(R.kernel, func.count()).where(R.chip == chip).group_by(R.kernel).order_by(R.kernel)
-    return [(k, int(n)) for k, n in session.execute(q).tuples()]
+    return [(k, int(n)) for k, n in session.execute(q)]
 
 
 def distinct_values(session: Session, column: Any, *where: ColumnElement[bool]) -> list[str]:

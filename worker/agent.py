@@ -381,7 +381,8 @@ class Agent:
                 continue
             next_beat = time.monotonic() + interval
             try:
-                self.client.heartbeat(lease.job_id, lease.lease_token)
+                reply = self.client.heartbeat(lease.job_id, lease.lease_token)
+                next_beat = time.monotonic() + next_interval(reply, interval)
                 confirmed = True
                 if warned:
                     logger.info("job %s: heartbeats reach the coordinator again", lease.job_id)
@@ -409,6 +410,16 @@ class Agent:
         for handler in logging.getLogger().handlers + logging.getLogger("kernelfleet").handlers:
             handler.flush()
         os._exit(0)
+
+
+def next_interval(reply: object, default: float) -> float:
+    """When to send the next heartbeat: what the coordinator's answer says (``next_heartbeat_seconds``:
+    it spreads the fleet's heartbeats), kept between 0.2 s and ``default`` (a third of the lease);
+    ``default`` from a coordinator that does not say."""
+    said = reply.get("next_heartbeat_seconds") if isinstance(reply, dict) else None
+    if isinstance(said, int | float) and not isinstance(said, bool) and said == said:
+        return min(max(0.2, float(said)), default)
+    return default
 
 
 def _jitter() -> float:

@@ -57,6 +57,22 @@ def _setup_logging(verbose: bool) -> None:
     log.propagate = False
 
 
+def _per_gpu(spec: str, forwarded: list[str], state_dir: Path | None, name: str | None,
+             enroll_token: str | None) -> int:
+    """``--gpus``: one agent per GPU (:mod:`kernelfleet.worker.gpus`); returns the exit code."""
+    import socket
+
+    from kernelfleet.worker import gpus
+
+    try:
+        devices = gpus.resolve(spec)
+    except gpus.GpuSpecError as e:
+        console.print(f"[bold red]error:[/] {e}", soft_wrap=True)
+        return 2
+    return gpus.run_per_gpu(devices, forwarded, state_dir or default_state_dir(),
+                            name or socket.gethostname(), enroll_token)
+
+
 def worker(
     coordinator: Annotated[str, typer.Option("--coordinator", envvar="KERNELFLEET_COORDINATOR",
                                              help="The coordinator's URL, e.g. http://10.0.0.5:8600")],
@@ -89,6 +105,10 @@ def worker(
         "--backoff-max", min=0.1, help="Longest wait between retries while the coordinator is unreachable")
     ] = 30.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every request")] = False,
+    gpus: Annotated[str | None, typer.Option(
+        "--gpus", help="One agent per GPU of this host: 'all' or indices such as 0,1 (each with "
+                       "CUDA_VISIBLE_DEVICES set; state in <state dir>/gpu<i>; the enrollment token must "
+                       "enroll that many workers: `kernelfleet admin add-worker --gpus N`)")] = None,
 ) -> None:
     """Run a worker agent: enroll (first run), then lease, tune and report jobs until stopped."""
     _setup_logging(verbose)
@@ -98,6 +118,13 @@ def worker(
         console.print(f"[bold red]error:[/] unknown search strategy {strategy!r}; choose one of: "
                       f"{', '.join(strategy_names())}")
         raise typer.Exit(2)
+    if gpus is not None:
+        forwarded = ["--coordinator", coordinator, "--strategy", strategy,
+                     "--grace-seconds", str(grace_seconds), "--poll-seconds", str(poll_seconds),
+                     "--lease-wait", str(lease_wait),
+                     "--backoff-max", str(backoff_max), *(["--max-jobs", str(max_jobs)] if max_jobs else []),
+                     *(["--budget", str(budget)] if budget else []), *(["--verbose"] if verbose else [])]
+        raise typer.Exit(_per_gpu(gpus, forwarded, state_dir, name, enroll_token))
     try:
         state = WorkerState(state_dir or default_state_dir())
         state.lock()

@@ -6,6 +6,7 @@ Each area registers its own commands on the one Typer app:
 - ``kernelfleet.worker.tune_cli``  kernels, tune              (mlx + numpy only)
 - ``kernelfleet.worker.agent_cli`` worker
 - ``kernelfleet.worker.pull_cli``  pull
+- ``kernelfleet.worker.settings_cli`` settings             (MLX's runtime settings: tune, show)
 
 On a bare GPU host without FastAPI/SQLAlchemy the coordinator commands are simply absent.
 """
@@ -60,6 +61,7 @@ _COMMAND_MODULES = (
     "kernelfleet.worker.tune_cli",
     "kernelfleet.worker.agent_cli",
     "kernelfleet.worker.pull_cli",
+    "kernelfleet.worker.settings_cli",
 )
 _missing: list[str] = []
 

@@ -53,7 +53,7 @@ def machine_info(name: str | None) -> dict[str, Any]:
     """What the coordinator records about this machine at enrollment (chip, backend, environment)."""
     import socket
 
-    from kernelfleet.worker.chip import detect_chip
+    from kernelfleet.chips import detect_chip
 
     chip = detect_chip()
     return {"name": name or socket.gethostname(), "chip": chip.name, "backend": chip.backend,

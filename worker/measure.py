@@ -22,6 +22,10 @@
   4 ms rounds; a 1 GiB copy 8 % and 2 %. The calibration's last timing (at least a quarter round)
   is kept apart from the samples: search strategies may use it to screen candidates
   (:meth:`Measurer.best_seen`); reports hold only the timed rounds.
+- Candidates whose kernels are identical on the backend (``Backend.kernel_identity``: rendered
+  source, template arguments, launch geometry; on Metal the ``hint`` axis renders the same source)
+  are built, checked and timed once; each still gets its trial, its result that measurement's,
+  marked ``shares_measurement_with`` the candidate measured.
 - A round times K launches (each ``mx.async_eval``'d) between synchronizations; one sample is the
   round time / K, in microseconds. Rounds visit the candidates in a freshly shuffled (seeded)
   order each time, so drift (clocks, heat, other tenants) hits all candidates alike.
@@ -75,6 +79,9 @@ class Trial:
     launches_per_round: int = 1
     calibration_us: float | None = None  # per-launch time of the calibration's last timing
     resized: int = 0  # times a timed round fell under half of min_round_s and K was scaled up after it
+    # the candidate whose kernels this one's are, byte for byte (Backend.kernel_identity): measured
+    # once, there; this trial reports that measurement, marked as shared
+    shares_measurement_with: str | None = None
     fn: KernelFn | None = field(default=None, repr=False)
 
     @property
@@ -94,6 +101,8 @@ class Trial:
         timed = self.ok and bool(self.samples_us)
         samples = [float(s) for s in self.samples_us] if timed else None
         p10, p50, p90 = (np.percentile(self.samples_us, [10, 50, 90]).tolist() if timed else (None,) * 3)
+        shares = self.shares_measurement_with
+        shared = {"shares_measurement_with": shares} if shares else {}
         return {
             "config_key": self.key, "config": dict(self.config), "is_builtin": self.is_builtin,
             "status": self.status, "error": self.error,
@@ -101,6 +110,7 @@ class Trial:
             "median_us": p50, "p10_us": p10, "p90_us": p90, "n": len(self.samples_us) if timed else 0,
             "max_abs_err": _finite_or_none(self.max_abs_err),
             "max_rel_err": _finite_or_none(self.max_rel_err),
+            **shared,
         }
 
 
@@ -137,6 +147,7 @@ class Measurer:
             self.trials.setdefault(key, Trial(config=dict(config), key=key, is_builtin=key == "builtin"))
         self.prepare_s = 0.0
         self.measure_s = 0.0
+        self._by_identity: dict[str, str] = {}  # kernel identity -> the key measured for it
 
     # -------------------------------------------------------------------- preparation
 
@@ -151,6 +162,15 @@ class Measurer:
         self.prepare_s += time.perf_counter() - t0
 
     def _prepare_one(self, trial: Trial) -> None:
+        if not trial.is_builtin:
+            identity = self.backend.kernel_identity(self.spec, trial.config, self.shape, self.dtype,
+                                                    self.inputs)
+            if identity is not None:
+                first = self._by_identity.setdefault(identity, trial.key)
+                if first != trial.key:  # the same kernels as a candidate already prepared: not built again
+                    trial.shares_measurement_with = first
+                    self._share(trial)
+                    return
         try:
             fn = self.backend.build(self.spec, trial.config, self.shape, self.dtype)
         except Exception as e:  # noqa: BLE001 - any build failure is a recorded result
@@ -179,6 +199,16 @@ class Measurer:
             trial.fail(LAUNCH_ERROR, e)
             return
         trial.fn, trial.status = fn, OK
+
+    def _share(self, trial: Trial) -> None:
+        """``trial`` takes the result of the candidate it shares a measurement with: its status,
+        errors, calibration and its very list of samples (rounds append to it for both)."""
+        src = self.trials[trial.shares_measurement_with or trial.key]
+        trial.status, trial.error, trial.samples_us = src.status, src.error, src.samples_us
+        trial.max_abs_err, trial.max_rel_err = src.max_abs_err, src.max_rel_err
+        trial.launches_per_round, trial.calibration_us = src.launches_per_round, src.calibration_us
+        trial.resized = src.resized
+        trial.fn = None
 
     def _calibrate(self, fn: KernelFn) -> tuple[int, float]:
         """Launches per round so that a round lasts at least ``min_round_s`` (also warms up), and
@@ -222,7 +252,9 @@ class Measurer:
         Returns the median per-launch time (µs) over all samples so far, None for failures.
         """
         self.prepare(keys)
-        live = [self.trials[k] for k in dict.fromkeys(keys) if self.trials[k].ok]
+        # each kernel once: a candidate that shares a measurement is timed as the one it shares
+        measured = dict.fromkeys(self.trials[k].shares_measurement_with or k for k in keys)
+        live = [self.trials[k] for k in measured if self.trials[k].ok]
         t0 = time.perf_counter()
         for _ in range(max(0, rounds)):
             order = live[:]
@@ -246,6 +278,9 @@ class Measurer:
                     trial.resized += 1
                 self.on_step()
         self.measure_s += time.perf_counter() - t0
+        for trial in self.trials.values():  # a shared measurement that failed in a round fails for all
+            if trial.shares_measurement_with is not None:
+                self._share(trial)
         return {k: self.trials[k].median() for k in keys}
 
     def median(self, key: str) -> float | None:

@@ -12,17 +12,20 @@ are replaced atomically. ``If-None-Match`` with the installed profile's ETag mak
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 
-from kernelfleet.kernels import profile_file
+from kernelfleet.kernels.patch import profile_file
+from kernelfleet.local_state import stored_admin_token
 from kernelfleet.worker import zmlx_cache
 from kernelfleet.worker.coordinator_url import BadCoordinatorUrl, coordinator_base, unreachable_message
 
@@ -59,15 +62,47 @@ class PullResult:
         return sum(self.fallbacks.values())
 
 
+def is_loopback(base: str) -> bool:
+    """True when the coordinator URL names this machine (127.0.0.0/8, ::1, localhost)."""
+    host = (urlsplit(base).hostname or "").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def local_mode_token() -> str | None:
+    """The admin token a local-mode coordinator on this machine generated and keeps in its data
+    directory (``kernelfleet serve`` on SQLite), if there is one; the same file `kernelfleet admin`
+    finds."""
+    return stored_admin_token()
+
+
+def resolve_token(explicit: str | None, coordinator: str) -> str | None:
+    """``--token``, else KERNELFLEET_TOKEN, else KERNELFLEET_ADMIN_TOKEN, else (for a coordinator on
+    this machine only: it is that coordinator's token) local mode's stored admin token; None: pull
+    without a token (a public dashboard)."""
+    for token in (explicit, os.environ.get("KERNELFLEET_TOKEN"), os.environ.get("KERNELFLEET_ADMIN_TOKEN")):
+        if token and token.strip():
+            return token.strip()
+    try:
+        local = is_loopback(coordinator_base(coordinator))
+    except BadCoordinatorUrl:
+        return None
+    return local_mode_token() if local else None
+
+
 def resolve_target(chip: str = "auto", mlx_version: str | None = None) -> Target:
-    """``auto``: this machine's chip (worker.chip.detect_chip); a name: that chip, its Apple family
+    """``auto``: this machine's chip (kernelfleet.chips.detect_chip); a name: that chip, its Apple family
     and variant parsed from the name. The MLX version defaults to the installed one."""
     if chip == "auto":
-        from kernelfleet.worker.chip import detect_chip
+        from kernelfleet.chips import detect_chip
 
         info = detect_chip()
         return Target(info.name, info.family, info.variant, mlx_version or info.mlx_version)
-    from kernelfleet.worker.chip import parse_apple_chip
+    from kernelfleet.chips import parse_apple_chip
 
     name = chip.strip()
     if not name:
@@ -132,7 +167,8 @@ def fetch_profile(
             detail = r.json().get("detail", r.text)
         except ValueError:
             detail = r.text[:300]
-        hint = " (pass --token or set KERNELFLEET_ADMIN_TOKEN)" if r.status_code in (401, 403) else ""
+        hint = (" (pass --token with a read token: `kernelfleet admin tokens create --scope read`; or set "
+                "KERNELFLEET_TOKEN)") if r.status_code in (401, 403) else ""
         raise PullError(
             f"the coordinator refused the profile for {chip!r}: HTTP {r.status_code}: {detail}{hint}"
         )

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from kernelfleet.worker.plural import plural
-from kernelfleet.worker.pull import DEFAULT_COORDINATOR, PullError, pull
+from kernelfleet.worker.pull import DEFAULT_COORDINATOR, PullError, pull, resolve_token
 
 
 def register(app: typer.Typer) -> None:
@@ -35,17 +35,17 @@ def pull_command(
             "default: every version, zmlx keyed by the installed MLX",
         ),
     ] = None,
-    admin_token: Annotated[
+    token: Annotated[
         str | None,
         typer.Option(
-            "--admin-token",
-            envvar="KERNELFLEET_ADMIN_TOKEN",
+            "--token",
             show_default=False,
-            help="Admin token, when the coordinator's reads are not public",
+            help="A read (or admin) token, when the coordinator's reads are not public [default: "
+            "KERNELFLEET_TOKEN, KERNELFLEET_ADMIN_TOKEN, or a local-mode coordinator's stored token]",
         ),
     ] = None,
-    old_token: Annotated[
-        str | None, typer.Option("--token", hidden=True, help="The old name of --admin-token")
+    admin_token: Annotated[
+        str | None, typer.Option("--admin-token", hidden=True, help="The old name of --token")
     ] = None,
     zmlx: Annotated[
         bool, typer.Option("--zmlx/--no-zmlx", help="Also merge into zmlx's autotune cache")
@@ -68,8 +68,8 @@ def pull_command(
                 bar.advance(task)
 
         try:
-            result = pull(coordinator, chip, mlx_version, token=old_token or admin_token, zmlx=zmlx,
-                          allow_predicted=allow_predicted, progress=progress)
+            result = pull(coordinator, chip, mlx_version, zmlx=zmlx, allow_predicted=allow_predicted,
+                          token=resolve_token(token or admin_token, coordinator), progress=progress)
         except PullError as e:
             err.print(f"[bold red]error:[/] {e}", highlight=False)
             raise typer.Exit(1) from e

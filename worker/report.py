@@ -19,6 +19,8 @@ _OPTIONAL_TOP = {"measured_at", "revision"}
 _ENV = {"chip", "backend", "mlx_version", "os", "driver", "kernel_hash", "gpu_cores", "memory_bytes"}
 _TRIAL = {"config_key", "config", "is_builtin", "status", "error", "samples_us", "median_us", "p10_us",
           "p90_us", "n", "max_abs_err", "max_rel_err"}
+# shares_measurement_with: the config measured for this one (identical kernels: worker/measure.py)
+_OPTIONAL_TRIAL = {"shares_measurement_with"}
 _GOLDEN = {"digest", "stats", "sample", "stride", "numel"}
 _STATS = {"mean", "std", "min", "max", "abs_mean"}
 
@@ -65,9 +67,13 @@ def report_problems(report: dict[str, Any]) -> list[str]:
     keys = []
     for i, t in enumerate(trials):
         keys.append(t.get("config_key"))
-        if set(t) != _TRIAL:
-            p.append(f"trial {i}: keys {sorted(set(t) ^ _TRIAL)} differ from the contract")
+        if not _TRIAL <= set(t) <= _TRIAL | _OPTIONAL_TRIAL:
+            wrong = sorted((set(t) - _OPTIONAL_TRIAL) ^ _TRIAL)
+            p.append(f"trial {i}: keys {wrong} differ from the contract")
             continue
+        if "shares_measurement_with" in t and not (isinstance(t["shares_measurement_with"], str)
+                                                   and t["shares_measurement_with"]):
+            p.append(f"trial {i}: shares_measurement_with must be a config key")
         if t["status"] not in STATUSES:
             p.append(f"trial {i}: status {t['status']!r}")
         if t["is_builtin"] != (t["config_key"] == "builtin"):

@@ -17,6 +17,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from kernelfleet.chips import ChipInfo, detect_chip, parse_cpuinfo_model
 from kernelfleet.kernels.spec import (
     BUILTIN,
     Config,
@@ -29,7 +30,6 @@ from kernelfleet.kernels.spec import (
     parse_shape,
 )
 from kernelfleet.worker.backends import Backend, detect_backend, get_backend
-from kernelfleet.worker.chip import ChipInfo, detect_chip, parse_cpuinfo_model
 from kernelfleet.worker.golden import golden
 from kernelfleet.worker.measure import AllCandidatesFailed, Measurer, Trial
 from kernelfleet.worker.revision import installed_revision

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernelfleet.kernels.profile_file import atomic_write_text
+from kernelfleet.kernels.patch.profile_file import atomic_write_text
 
 SCHEMA_VERSION = "3.0"
 FILE_NAME = "autotune_v3.json"
@@ -69,7 +69,7 @@ def _zmlx_chip_names() -> list[tuple[str, tuple[str, str]]]:
 
         return list(_FAMILY_PATTERNS.items())
     except ImportError:
-        from kernelfleet.service.chips import TABLE
+        from kernelfleet.chips import TABLE
 
         out = []
         for row in TABLE:
@@ -82,7 +82,7 @@ def _zmlx_chip_names() -> list[tuple[str, tuple[str, str]]]:
 def zmlx_family_variant(chip: str) -> tuple[str, str]:
     """(family, variant) as zmlx's ``detect_device`` finds them on a Mac whose CPU brand string is
     ``chip``'s name in the chip table: the first zmlx chip name the brand contains, else Unknown."""
-    from kernelfleet.service.chips import lookup
+    from kernelfleet.chips import lookup
 
     row = lookup(chip)
     brand = row.name if row is not None else chip.strip()
@@ -128,7 +128,7 @@ def zmlx_entries(kernel: str, shape: str, dtype: str, config: dict[str, Any]) ->
     from kernelfleet.kernels.catalog import get_spec
     from kernelfleet.kernels.common import shapes_only
     from kernelfleet.kernels.spec import parse_shape
-    from kernelfleet.kernels.zmlx_capture import capture
+    from kernelfleet.kernels.zmlx.capture import capture
 
     spec = get_spec(kernel)
     dims = parse_shape(shape)
@@ -147,10 +147,10 @@ def kernelfleet_entries(kernel: str, shape: str, dtype: str,
     import importlib
 
     from kernelfleet.kernels.common import shapes_only
-    from kernelfleet.kernels.launch import capture
+    from kernelfleet.kernels.render.launch import capture
     from kernelfleet.kernels.spec import parse_shape
 
-    module = importlib.import_module(f"kernelfleet.kernels.{kernel}_kernel")
+    module = importlib.import_module(f"kernelfleet.kernels.catalog.{kernel}_kernel")
     dims = parse_shape(shape)
     fn = module.make(config, "metal", dims, dtype)
     with shapes_only():  # only the inputs' shapes and dtypes reach the captured launch

@@ -5,7 +5,7 @@ both fed the exact text MLX hands the Metal compiler. For tests (ours and zmlx's
 - :func:`compile_strict`: compile kernels with clang against ``msl.h``; a report of errors.
 - :class:`Emulator` / :func:`emulate`: run one launch on the CPU emulator of Metal's execution
   model (numpy in, numpy out; raises :class:`EmulationError`).
-- ``emu_backend.MetalEmuBackend``: the ``metal-emu`` Backend (catalog test, Measurer).
+- the ``metal-emu`` Backend built on the emulator is :mod:`kernelfleet.worker.backends.metal_emu`.
 
 Needs clang++ (Debian ``clang``); nothing here runs on a user's machine.
 """

@@ -8,8 +8,16 @@
 //   its call completes when all its live lanes are there, at the same call site. A barrier
 //   completes when every live thread of the group is there, at the same call site. Reached by only
 //   some threads (others returned, or wait elsewhere): an error naming the line and the threads.
+// - Run-ahead schedule (job line `schedule run-ahead`): before the others move, one SIMD-group (the
+//   leader: the last for threadgroup 0, the one below for the next ...) runs as far as it can, its
+//   own SIMD-group calls resolved at once, until it waits at a barrier or returns. So a write placed
+//   after a SIMD call lands before a slower SIMD-group's read placed before one: a write-after-read
+//   race on threadgroup memory (a reduction buffer reused without a barrier) shows.
 // - Threadgroup memory (kf_threadgroup_memory) is shared by the group, and filled with 0xFF bytes
-//   (NaN in every float type) before each group; so are outputs before the launch.
+//   (NaN in every float type) before each group; so are outputs before the launch. Each threadgroup
+//   variable ends 16-aligned just before a PROT_NONE page; the slack of its pages below it (and the
+//   alignment bytes above it) is filled with 0xFF too, so that a read just below the array (buf[-1])
+//   reads NaN, not zero, and is checked after each group: a write there is an error.
 // - Every buffer ends at a PROT_NONE page and starts after one: an access outside faults and is
 //   reported with the buffer it was nearest to.
 // - Thread order within a group and group order are shuffled when a seed is given.
@@ -247,17 +255,40 @@ static void yield_to_scheduler() {
 struct Slot {
   char* p;
   unsigned long size;
+  char* lo;  // the slot's first page: [lo, p) is slack below the variable
+  char* hi;  // the guard page above: [p + size, hi) is alignment slack above it
 };
 static Slot g_slots[64];
 static int g_nslots = 0;
+
+// The variable and the slack around it, all 0xFF (NaN) bytes.
+static void fill_slot(const Slot& s) { memset(s.lo, 0xff, (unsigned long)(s.hi - s.lo)); }
+
+// After a group: the slack around every variable still 0xFF, or an error naming where it was written.
+static void check_slack() {
+  for (int k = 0; k < g_nslots; ++k) {
+    const Slot& s = g_slots[k];
+    for (const char* q = s.lo; q < s.hi; ++q) {
+      if (q == s.p) q += s.size;
+      if (q < s.hi && (unsigned char)*q != 0xff) {
+        char msg[200];
+        long off = q - s.p;
+        fmt(msg, 200, "a write outside threadgroup variable #%ld (%ld bytes): at byte offset %ld",
+            k, (long)s.size, off);
+        fail(msg);
+      }
+    }
+  }
+}
 
 static void* threadgroup_slot(unsigned long size) {
   Fiber& f = g_fibers[g_current];
   int k = f.allocs++;
   if (k == g_nslots) {
     if (k == 64) fail("more than 64 threadgroup variables");
-    g_slots[k] = Slot{guarded(size, "(threadgroup memory)"), size};
-    memset(g_slots[k].p, 0xff, size);
+    char* p = guarded(size, "(threadgroup memory)");
+    g_slots[k] = Slot{p, size, (char*)((unsigned long)p & ~(PAGE - 1)), p + (size + 15) / 16 * 16};
+    fill_slot(g_slots[k]);
     ++g_nslots;
   }
   if (g_slots[k].size != size) fail("threads of one group declared different threadgroup variables");
@@ -362,7 +393,54 @@ static unsigned long next_random() {
   return g_rng;
 }
 
-static void run_group(int n, const Attrs& proto, uint3 local_dims) {
+static bool g_run_ahead = false;
+
+// Resolve SIMD-group s's pending call if all its live lanes wait at it (an error if they wait at
+// different calls, or some lanes returned). Whether it did.
+static bool resolve_simd_group(int s, int n) {
+  Fiber* lanes[SIMD];
+  int m = 0, live = 0, waiting = 0;
+  int lo = s * SIMD, hi = lo + SIMD < n ? lo + SIMD : n;
+  for (int i = lo; i < hi; ++i) {
+    live += g_fibers[i].state != DONE;
+    waiting += g_fibers[i].state == AT_SIMD;
+    lanes[m++] = &g_fibers[i];
+  }
+  if (waiting == 0 || waiting != live) return false;
+  char msg[300];
+  if (live != m) {
+    int line = 0;
+    for (int i = 0; i < m; ++i) line = lanes[i]->state == AT_SIMD ? lanes[i]->line : line;
+    fmt(msg, 300, "a SIMD-group function at line %ld reached by %ld of the %ld lanes of SIMD-group %ld "
+        "(the others returned)", line, live, m, s);
+    fail(msg);
+  }
+  for (int i = 1; i < m; ++i)
+    if (lanes[i]->line != lanes[0]->line || lanes[i]->op != lanes[0]->op) {
+      fmt(msg, 300, "lanes of one SIMD-group wait at different SIMD-group calls (lines %ld and %ld)",
+          lanes[0]->line, lanes[i]->line);
+      fail(msg);
+    }
+  lanes[0]->resolve(lanes, m);
+  for (int i = 0; i < m; ++i) lanes[i]->state = RUNNABLE;
+  return true;
+}
+
+// The run-ahead schedule's step: SIMD-group s runs, its calls resolved as they come, until its lanes
+// wait at a barrier or return.
+static void run_ahead(int s, int n) {
+  int lo = s * SIMD, hi = lo + SIMD < n ? lo + SIMD : n;
+  do {
+    for (int i = lo; i < hi; ++i) {
+      if (g_fibers[i].state != RUNNABLE) continue;
+      g_current = i;
+      kf_switch(&g_sched_sp, g_fibers[i].sp);
+    }
+    g_current = -1;
+  } while (resolve_simd_group(s, n));
+}
+
+static void run_group(int n, const Attrs& proto, uint3 local_dims, long group) {
   if (n > g_capacity) {
     Fiber* fs = new Fiber[n];
     for (int i = 0; i < n; ++i) fs[i] = Fiber{}, fs[i].stack = i < g_capacity ? g_fibers[i].stack : nullptr;
@@ -371,7 +449,9 @@ static void run_group(int n, const Attrs& proto, uint3 local_dims) {
     g_capacity = n;
   }
   g_nfibers = n;
-  for (int s = 0; s < g_nslots; ++s) memset(g_slots[s].p, 0xff, g_slots[s].size);
+  for (int s = 0; s < g_nslots; ++s) fill_slot(g_slots[s]);
+  const int nsimd = (n + SIMD - 1) / SIMD;
+  const int leader = g_run_ahead && nsimd > 1 ? nsimd - 1 - int(group % nsimd) : -1;
   for (int i = 0; i < n; ++i) {
     Fiber& f = g_fibers[i];
     start_fiber(f);
@@ -391,6 +471,7 @@ static void run_group(int n, const Attrs& proto, uint3 local_dims) {
   int order[1024];
   for (int i = 0; i < n; ++i) order[i] = i;
   for (;;) {
+    if (leader >= 0) run_ahead(leader, n);
     if (g_rng)
       for (int i = n - 1; i > 0; --i) {
         int j = int(next_random() % unsigned(i + 1));
@@ -409,36 +490,13 @@ static void run_group(int n, const Attrs& proto, uint3 local_dims) {
       at_barrier += g_fibers[i].state == AT_BARRIER;
       at_simd += g_fibers[i].state == AT_SIMD;
     }
-    if (done == n) return;
-    bool progressed = false;
-    for (int s = 0; s * SIMD < n; ++s) {  // SIMD-groups whose live lanes all wait at a SIMD call
-      Fiber* lanes[SIMD];
-      int m = 0, live = 0, waiting = 0;
-      int lo = s * SIMD, hi = lo + SIMD < n ? lo + SIMD : n;
-      for (int i = lo; i < hi; ++i) {
-        live += g_fibers[i].state != DONE;
-        waiting += g_fibers[i].state == AT_SIMD;
-        lanes[m++] = &g_fibers[i];
-      }
-      if (waiting == 0 || waiting != live) continue;
-      char msg[300];
-      if (live != m) {
-        int line = 0;
-        for (int i = 0; i < m; ++i) line = lanes[i]->state == AT_SIMD ? lanes[i]->line : line;
-        fmt(msg, 300, "a SIMD-group function at line %ld reached by %ld of the %ld lanes of SIMD-group %ld "
-            "(the others returned)", line, live, m, s);
-        fail(msg);
-      }
-      for (int i = 1; i < m; ++i)
-        if (lanes[i]->line != lanes[0]->line || lanes[i]->op != lanes[0]->op) {
-          fmt(msg, 300, "lanes of one SIMD-group wait at different SIMD-group calls (lines %ld and %ld)",
-              lanes[0]->line, lanes[i]->line);
-          fail(msg);
-        }
-      lanes[0]->resolve(lanes, m);
-      for (int i = 0; i < m; ++i) lanes[i]->state = RUNNABLE;
-      progressed = true;
+    if (done == n) {
+      check_slack();
+      return;
     }
+    bool progressed = false;
+    for (int s = 0; s * SIMD < n; ++s)  // SIMD-groups whose live lanes all wait at a SIMD call
+      progressed = resolve_simd_group(s, n) || progressed;
     if (progressed) continue;
     char msg[300];
     if (at_barrier && at_barrier + done == n) {
@@ -474,7 +532,7 @@ static void run_group(int n, const Attrs& proto, uint3 local_dims) {
 
 static uint ceil_div(uint a, uint b) { return (a + b - 1) / b; }
 
-// job file: kernel NAME / grid X Y Z / threadgroup X Y Z / seed S / group_stride K /
+// job file: kernel NAME / grid X Y Z / threadgroup X Y Z / seed S / group_stride K / schedule in-order|run-ahead /
 // buffer in|out BYTES PATH NAME (in binding order)
 int main(int argc, char** argv, const Kernel* kernels, int nkernels) {
   if (argc != 2) { printf("usage: %s JOB\n", argv[0]); return 2; }
@@ -519,6 +577,7 @@ int main(int argc, char** argv, const Kernel* kernels, int nkernels) {
     else if (!strcmp(words[i], "threadgroup")) for (int k = 0; k < 3; ++k) t[k] = uint(atoi(words[++i]));
     else if (!strcmp(words[i], "seed")) g_rng = (unsigned long)strtol(words[++i], nullptr, 10);
     else if (!strcmp(words[i], "group_stride")) stride = strtol(words[++i], nullptr, 10);
+    else if (!strcmp(words[i], "schedule")) g_run_ahead = !strcmp(words[++i], "run-ahead");
     else if (!strcmp(words[i], "buffer")) {
       is_out[nb] = !strcmp(words[++i], "out");
       sizes[nb] = (unsigned long)strtol(words[++i], nullptr, 10);
@@ -576,7 +635,7 @@ int main(int argc, char** argv, const Kernel* kernels, int nkernels) {
     while (g_where[o]) ++o;
     for (const char* s = name; *s && o < 255; ++s) g_where[o++] = *s;
     g_where[o] = 0;
-    run_group(n, proto, uint3{a[0], a[1], a[2]});
+    run_group(n, proto, uint3{a[0], a[1], a[2]}, gi);
     ++ran;
   }
   for (int k = 0; k < nb; ++k) {

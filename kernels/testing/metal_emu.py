@@ -81,10 +81,13 @@ def _default_cache() -> Path:
 
 class Emulator:
     """Builds kernels into executables (batches of ``per_unit``, ``jobs`` clang processes at once)
-    and runs launches. ``seed``: shuffle thread and group order (0: in order)."""
+    and runs launches. ``seed``: shuffle thread and group order (0: in order). ``run_ahead``: the
+    run-ahead schedule (emu_runtime.h): in each threadgroup one SIMD-group runs past the others'
+    SIMD-group calls up to a barrier before they move, which shows write-after-read races on
+    threadgroup memory that running every thread until it blocks never does."""
 
     def __init__(self, cache_dir: Path | None = None, *, jobs: int | None = None, per_unit: int = 60,
-                 seed: int = 0, timeout_s: float = 120.0) -> None:
+                 seed: int = 0, run_ahead: bool = False, timeout_s: float = 120.0) -> None:
         clang = clang_path()
         if clang is None:
             raise EmulationError("clang++ is not on PATH (Debian: apt-get install clang)")
@@ -92,10 +95,15 @@ class Emulator:
         self.cache = cache_dir or _default_cache()
         self.cache.mkdir(parents=True, exist_ok=True)
         self.jobs, self.per_unit = jobs or os.cpu_count() or 1, per_unit
-        self.seed, self.timeout_s = seed, timeout_s
+        self.seed, self.run_ahead, self.timeout_s = seed, run_ahead, timeout_s
         self.exe: dict[str, Path] = {}  # kernel name -> executable holding it
         self.build_s = 0.0
         self.compiled_units = 0
+
+    @property
+    def schedule(self) -> str:
+        """The schedule's name, as the job file and test output spell it."""
+        return "run-ahead" if self.run_ahead else ("shuffled" if self.seed else "in-order")
 
     def build(self, kernels: Sequence[MetalKernel]) -> None:
         """Compile every kernel not built yet (a unit already in the cache is reused)."""
@@ -151,7 +159,7 @@ class Emulator:
         with tempfile.TemporaryDirectory(prefix="kf-emu-", dir=_shm()) as d:
             job = [f"kernel {kernel.name}", "grid " + " ".join(map(str, grid)),
                    "threadgroup " + " ".join(map(str, threadgroup)), f"seed {self.seed}",
-                   f"group_stride {group_stride}"]
+                   f"group_stride {group_stride}", f"schedule {self.schedule}"]
             out_paths: list[tuple[Path, Sequence[int], str]] = []
             for i, b in enumerate(kernel.buffers):
                 path = Path(d) / f"b{i}"

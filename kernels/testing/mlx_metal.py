@@ -178,7 +178,7 @@ def metal_kernel(
 
 
 def from_record(record: Any) -> MetalKernel:
-    """The kernel of a captured catalog launch (:class:`kernelfleet.kernels.launch.LaunchRecord`)."""
+    """The kernel of a captured catalog launch (:class:`kernelfleet.kernels.render.launch.LaunchRecord`)."""
     r = record.rendered
     return metal_kernel(r.name, r.inputs, r.outputs, r.source, r.header, record.input_dtypes,
                         record.input_shapes, record.output_dtypes, record.launch.template)

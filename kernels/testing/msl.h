@@ -46,6 +46,8 @@
 #define write_only kf_msl_write_only
 #define read_write kf_msl_read_write
 #define pipe kf_msl_pipe
+#define atomic_int kf_msl_atomic_int  // OpenCL's built-in atomic types: MSL's are atomic<T>
+#define atomic_uint kf_msl_atomic_uint
 #define KF_DECL
 #define KF_BODY(...) ;
 #endif
@@ -77,9 +79,9 @@ namespace metal {
 template <bool B, typename T = void> struct enable_if {};
 template <typename T> struct enable_if<true, T> { typedef T type; };
 template <bool B, typename T = void> using enable_if_t = typename enable_if<B, T>::type;
-template <typename A, typename B> struct is_same { static constexpr bool value = false; };
-template <typename A> struct is_same<A, A> { static constexpr bool value = true; };
-template <typename A, typename B> constexpr bool is_same_v = is_same<A, B>::value;
+template <typename A, typename B> struct is_same { static constexpr constant bool value = false; };
+template <typename A> struct is_same<A, A> { static constexpr constant bool value = true; };
+template <typename A, typename B> constexpr constant bool is_same_v = is_same<A, B>::value;
 
 // ---- half ------------------------------------------------------------------------------------
 #if defined(KF_MSL_EMULATE)
@@ -137,7 +139,9 @@ struct bfloat {
   bfloat(const bfloat&) = default;
   bfloat& operator=(const bfloat&) = default;
   explicit bfloat(float f) : bits(round(f)) {}
+#if defined(KF_MSL_EMULATE)  // MSL has no double (strict mode: clang refuses it)
   explicit bfloat(double f) : bits(round(float(f))) {}
+#endif
   explicit bfloat(int i) : bits(round(float(i))) {}
   explicit bfloat(uint i) : bits(round(float(i))) {}
   explicit bfloat(half h) : bits(round(float(h))) {}
@@ -177,8 +181,8 @@ struct bfloat {
   friend bool operator!=(bfloat a, bfloat b) { return float(a) != float(b); }
 };
 
-template <typename T> struct is_msl_scalar { static constexpr bool value = false; };
-#define KF_MSL_SCALAR(T) template <> struct is_msl_scalar<T> { static constexpr bool value = true; };
+template <typename T> struct is_msl_scalar { static constexpr constant bool value = false; };
+#define KF_MSL_SCALAR(T) template <> struct is_msl_scalar<T> { static constexpr constant bool value = true; };
 KF_MSL_SCALAR(bool) KF_MSL_SCALAR(char) KF_MSL_SCALAR(signed char) KF_MSL_SCALAR(uchar)
 KF_MSL_SCALAR(short) KF_MSL_SCALAR(ushort) KF_MSL_SCALAR(int) KF_MSL_SCALAR(uint)
 KF_MSL_SCALAR(half) KF_MSL_SCALAR(float) KF_MSL_SCALAR(bfloat)
@@ -234,8 +238,12 @@ enum { kf_simd_barrier, kf_simd_sum, kf_simd_product, kf_simd_max, kf_simd_min, 
 #define KF_SIMD_REDUCE(name)                                                                    \
   template <typename T, typename = enable_if_t<is_msl_scalar<T>::value && !is_same_v<T, bool>>> \
   KF_DECL T name(T v, KF_SITE) KF_SIMD(kf_##name, v, 0)
+// shuffles and broadcast move 64-bit values too (long, ulong); the reductions do not
+template <typename T> struct is_msl_shuffled {
+  static constexpr constant bool value = is_msl_scalar<T>::value || is_same_v<T, long> || is_same_v<T, ulong>;
+};
 #define KF_SIMD_SHUFFLE(name)                                                \
-  template <typename T, typename = enable_if_t<is_msl_scalar<T>::value>>     \
+  template <typename T, typename = enable_if_t<is_msl_shuffled<T>::value>>   \
   KF_DECL T name(T v, ushort a, KF_SITE) KF_SIMD(kf_##name, v, a)
 KF_SIMD_REDUCE(simd_sum) KF_SIMD_REDUCE(simd_product) KF_SIMD_REDUCE(simd_max) KF_SIMD_REDUCE(simd_min)
 KF_SIMD_REDUCE(simd_and) KF_SIMD_REDUCE(simd_or) KF_SIMD_REDUCE(simd_xor)
@@ -246,6 +254,37 @@ KF_SIMD_SHUFFLE(simd_shuffle_down) KF_SIMD_SHUFFLE(simd_broadcast)
 #undef KF_SIMD_SHUFFLE
 KF_DECL bool simd_all(bool v, KF_SITE) KF_SIMD(kf_simd_all, v, 0)
 KF_DECL bool simd_any(bool v, KF_SITE) KF_SIMD(kf_simd_any, v, 0)
+
+// ---- atomics (MSL spec 6.15): atomic_int / atomic_uint in device or threadgroup memory, relaxed
+// order. The emulator runs one thread at a time between rendezvous, so a plain read-modify-write is
+// atomic there.
+enum memory_order { memory_order_relaxed, memory_order_seq_cst };
+template <typename T> struct atomic { T kf_value; };
+typedef atomic<int> atomic_int;
+typedef atomic<uint> atomic_uint;
+#define KF_ATOMIC_INT template <typename T, typename = enable_if_t<is_same_v<T, int> || is_same_v<T, uint>>>
+#define KF_ATOMICS(AS)                                                                                  \
+  KF_ATOMIC_INT KF_DECL void atomic_store_explicit(volatile AS atomic<T>* o, T v, memory_order)         \
+      KF_BODY(o->kf_value = v;)                                                                          \
+  KF_ATOMIC_INT KF_DECL T atomic_load_explicit(volatile AS atomic<T>* o, memory_order)                  \
+      KF_BODY(return o->kf_value;)                                                                       \
+  KF_ATOMIC_INT KF_DECL T atomic_exchange_explicit(volatile AS atomic<T>* o, T v, memory_order)         \
+      KF_BODY(T old = o->kf_value; o->kf_value = v; return old;)                                         \
+  KF_ATOMIC_INT KF_DECL T atomic_fetch_add_explicit(volatile AS atomic<T>* o, T v, memory_order)        \
+      KF_BODY(T old = o->kf_value; o->kf_value = T(old + v); return old;)                                \
+  KF_ATOMIC_INT KF_DECL T atomic_fetch_sub_explicit(volatile AS atomic<T>* o, T v, memory_order)        \
+      KF_BODY(T old = o->kf_value; o->kf_value = T(old - v); return old;)                                \
+  KF_ATOMIC_INT KF_DECL T atomic_fetch_max_explicit(volatile AS atomic<T>* o, T v, memory_order)        \
+      KF_BODY(T old = o->kf_value; o->kf_value = old > v ? old : v; return old;)                         \
+  KF_ATOMIC_INT KF_DECL T atomic_fetch_min_explicit(volatile AS atomic<T>* o, T v, memory_order)        \
+      KF_BODY(T old = o->kf_value; o->kf_value = old < v ? old : v; return old;)
+#if defined(KF_MSL_EMULATE)
+KF_ATOMICS()
+#else
+KF_ATOMICS(device) KF_ATOMICS(threadgroup)
+#endif
+#undef KF_ATOMICS
+#undef KF_ATOMIC_INT
 
 // ---- math ------------------------------------------------------------------------------------
 // metal::F: half and float (bfloat through MLX's overloads); metal::precise::F and
@@ -337,6 +376,10 @@ template <> struct numeric_limits<uint> {
 // A `threadgroup T name[N];` variable of a kernel body becomes a reference to this (see
 // msl_clang.py): memory the threadgroup shares.
 template <typename T> KF_DECL threadgroup T& kf_threadgroup_memory();
+// The bytes of a kernel's threadgroup variables, which Metal limits to 32 KB per pipeline (feature
+// set tables: maximum total threadgroup memory allocation); msl_clang.py asserts it per kernel.
+#define KF_MAX_THREADGROUP_BYTES 32768ul
+template <typename... T> constexpr unsigned long kf_threadgroup_bytes() { return (0ul + ... + sizeof(T)); }
 
 // A bfloat operand of a conditional clang refuses only because of its address space (see the top and
 // msl_strict.scalar_conditionals) becomes kf_rvalue(operand): a by-value parameter deduces T without

@@ -87,15 +87,22 @@ def threadgroup_declarations(text: str, kernel: bool = True) -> list[Declaration
     return out
 
 
-def for_clang(text: str, kernel: bool = True) -> str:
+def for_clang(text: str, kernel: bool = True, limit_threadgroup_bytes: bool = False) -> str:
     """``text`` (MLX's kernel source, any number of kernels; ``kernel=False`` for a header of
-    helpers) rewritten for clang; line numbers are kept, so diagnostics point at the original lines."""
+    helpers) rewritten for clang; line numbers are kept, so diagnostics point at the original lines.
+    ``limit_threadgroup_bytes`` (``text`` one kernel): after its last threadgroup variable, a
+    ``static_assert`` that all of them fit Metal's 32 KB (msl.h), checked per instantiation."""
     text = _INSTANTIATION.sub("template decltype", text)
     parts: list[str] = []
     at = 0
-    for d in threadgroup_declarations(text, kernel):
+    declarations = threadgroup_declarations(text, kernel)
+    for d in declarations:
         parts.append(text[at:d.start])
         parts.append(f"threadgroup {d.type} (&{d.name}){d.dims} = kf_threadgroup_memory<{d.type}{d.dims}>();")
+        if limit_threadgroup_bytes and d is declarations[-1]:
+            types = ", ".join(f"{x.type}{x.dims}" for x in declarations)
+            parts.append(f" static_assert(kf_threadgroup_bytes<{types}>() <= KF_MAX_THREADGROUP_BYTES, "
+                         '"threadgroup memory over 32 KB (Metal: maxThreadgroupMemoryLength 32768)");')
         parts.append("\n" * text.count("\n", d.start, d.end))
         at = d.end
     parts.append(text[at:])

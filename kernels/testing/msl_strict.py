@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from .mlx_metal import MetalKernel
 from .msl_clang import INCLUDE_DIR, RewriteError, clang_path, for_clang, line_of
+from .msl_rules import kernel_errors, signature_errors, text_errors
 
 # C++ for OpenCL 2021 for its address spaces (see msl.h); spir64: half arithmetic (cl_khr_fp16), 64-bit
 # long. No system headers at all.
@@ -38,6 +39,12 @@ CLANG_FLAGS = (
     "-Werror=vla-extension", "-Werror=return-type",
     "-Werror=address-of-temporary",
     "-fdiagnostics-print-source-range-info",  # operand ranges, for scalar_conditionals
+    # OpenCL 3.0's optional features Metal lacks: no double (MSL spec 2.1), program-scope variables
+    # only in `constant` (MSL spec 4.2). (Metal before 4.1 has no generic address space either; a
+    # pointer without an address space is refused on the text, msl_rules.py: clang 14 without the
+    # generic address space refuses bfloat's own constructors.)
+    "-Xclang", "-cl-ext=-cl_khr_fp64,-__opencl_c_fp64,-__opencl_c_program_scope_global_variables,"
+    "-__opencl_c_device_enqueue",
 )
 _DIAG = re.compile(r"^(.+?):(\d+):\d+:((?:\{\d+:\d+-\d+:\d+\})*):? (error|note): (.*)$", re.MULTILINE)
 _RANGE = re.compile(r"\{(\d+):(\d+)-(\d+):(\d+)\}")
@@ -98,10 +105,15 @@ def _units(kernels: Sequence[MetalKernel], per_unit: int) -> list[_Unit]:
             except RewriteError as e:
                 units.append(_Unit("", [], {k.name: [f"header: {e}"] for k in chunk}))
                 continue
+            header_errors = [f"header: {e}" for e in text_errors(header)]
             for k in chunk:
                 body = k.text[len(header):]
+                refused = header_errors + kernel_errors(k) + signature_errors(k)
+                if refused:
+                    errors[k.name] = refused
+                    continue
                 try:
-                    body = for_clang(body)
+                    body = for_clang(body, limit_threadgroup_bytes=True)
                 except RewriteError as e:
                     errors[k.name] = [str(e)]
                     continue

@@ -7,6 +7,7 @@ Each route opens its own unit of work, in which the worker's token is checked
 from __future__ import annotations
 
 import asyncio
+import random
 
 import anyio
 import anyio.to_thread
@@ -15,6 +16,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from kernelfleet.service import leasing, metrics
 from kernelfleet.service.auth import WorkerCall
+from kernelfleet.service.bodies import body_schema, parse_body
 from kernelfleet.service.completion import complete
 from kernelfleet.service.deps import SettingsDep, WorkerCallDep
 from kernelfleet.service.longpoll import LeaseWaiters
@@ -90,19 +92,29 @@ def heartbeat(job_id: RowId, body: LeaseTokenIn, call: WorkerCallDep, settings: 
     """Extend the lease (the first heartbeat also confirms it)."""
     with call.transaction() as (session, worker):
         expires = leasing.heartbeat(session, worker, job_id, body.lease_token, settings.lease_seconds)
-    return HeartbeatOut(lease_expires_at=expires)
+    return HeartbeatOut(lease_expires_at=expires, next_heartbeat_seconds=next_heartbeat(settings))
+
+
+def next_heartbeat(settings: Settings) -> float:
+    """A third of the lease, less a random share of up to ``heartbeat_jitter`` of that: each beat
+    draws anew, so a fleet that started in one burst drifts apart instead of beating in waves."""
+    third = settings.lease_seconds / 3.0
+    return round(third * (1.0 - settings.heartbeat_jitter * random.random()), 3)
 
 
 @router.post("/jobs/{job_id}/result", status_code=status.HTTP_201_CREATED,
              responses={200: {"model": CompleteOut, "description": "a replay of an accepted result"},
-                        **error_responses(409)})
-async def result(job_id: RowId, body: CompleteIn, call: WorkerCallDep, request: Request,
-                 response: Response) -> CompleteOut:
+                        **error_responses(409)},
+             openapi_extra=body_schema(CompleteIn))
+async def result(job_id: RowId, call: WorkerCallDep, request: Request, response: Response) -> CompleteOut:
     """Store the result with the job's completion; its reactions (regression detection) and the
-    chip's profile follow in the background (service/background.py). At most
-    ``KERNELFLEET_RESULT_CONCURRENCY`` results are stored at once per process, on threads of their
-    own, so heartbeats and leases keep flowing."""
+    chip's profile follow in the background (service/background.py). The body (a report, up to
+    the 4 MiB cap) is parsed and validated on a thread, not on the event loop, and at most
+    ``KERNELFLEET_RESULT_CONCURRENCY`` results are parsed and stored at once per process, on threads
+    of their own, so heartbeats and leases keep flowing beside big reports."""
     limiter: anyio.CapacityLimiter = request.app.state.result_limiter
+    raw = await request.body()
+    body = await anyio.to_thread.run_sync(parse_body, CompleteIn, raw, limiter=limiter)
     done = await anyio.to_thread.run_sync(complete, call, job_id, body.lease_token, body.report,
                                           limiter=limiter)
     if not done.created:

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from kernelfleet.chips import backend_of, lookup
 from kernelfleet.service import aggregates, chips
 from kernelfleet.service.db import immediate, stored_utc
 from kernelfleet.service.deps import DashboardDep, DbDep
@@ -58,34 +59,51 @@ def _etag_matches(header: str | None, etag: str) -> bool:
     return "*" in tags or etag in tags
 
 
+# a stored profile version never changes (a rebuild adds a row): its counts are read from its body
+# once per process and kept here, so listing profiles loads only the bodies of versions it has not
+# seen (it loaded every body, 150 ms a call, and 200 readers stalled every worker: issue 33)
+SUMMARY_MEMO = 4096
+
+
 @router.get("/profiles")
-def list_profiles(_: DashboardDep, db: DbDep) -> list[ProfileSummary]:
+def list_profiles(request: Request, _: DashboardDep, db: DbDep) -> list[ProfileSummary]:
     """The newest version of every stored profile, with its measured/predicted counts; ``stale``
     when results arrived since it was built (the background builder is about to rebuild it)."""
+    memo: dict[int, tuple[str | None, int, dict[str, int]]] = getattr(request.app.state, "profile_counts", {})
+    request.app.state.profile_counts = memo
     with db() as session:
         newest = select(func.max(Profile.id)).group_by(Profile.chip, Profile.mlx_version)
-        rows = session.scalars(select(Profile).where(Profile.id.in_(newest)).order_by(Profile.chip)).all()
+        rows = session.execute(
+            select(Profile.id, Profile.chip, Profile.mlx_version, Profile.version, Profile.etag,
+                   Profile.created_at).where(Profile.id.in_(newest)).order_by(Profile.chip)).all()
+        known = {r.id: v for r in rows if (v := memo.get(r.id)) is not None}  # threads share the memo
+        unseen = [r.id for r in rows if r.id not in known]
+        for start in range(0, len(unseen), 500):
+            for row_id, body in session.execute(select(Profile.id, Profile.body)
+                                                .where(Profile.id.in_(unseen[start:start + 500]))):
+                known[row_id] = (body.get("backend"), len(body.get("entries", [])), counts(body))
         pending = set(session.scalars(select(ProfileRequest.chip).distinct()))
-        out = []
-        for row in rows:
-            command = f'kernelfleet pull --chip "{row.chip}"' + (
-                f" --mlx-version {row.mlx_version}" if row.mlx_version else ""
-            )
-            n = counts(row.body)
-            if n["measured"] == 0:
-                command += " --allow-predicted"
-            out.append(ProfileSummary(
-                chip=row.chip, backend=row.body.get("backend"), mlx_version=row.mlx_version,
-                version=row.version, etag=row.etag, created_at=row.created_at,
-                entries=len(row.body.get("entries", [])), **n, stale=row.chip in pending,
-                pull_command=command,
-            ))
-        return out
+    if len(memo) + len(unseen) > SUMMARY_MEMO:
+        memo.clear()
+    memo.update({row_id: known[row_id] for row_id in unseen})
+    out = []
+    for row in rows:
+        backend, entries, n = known[row.id]
+        command = f'kernelfleet pull --chip "{row.chip}"' + (
+            f" --mlx-version {row.mlx_version}" if row.mlx_version else ""
+        )
+        if n["measured"] == 0:
+            command += " --allow-predicted"
+        out.append(ProfileSummary(
+            chip=row.chip, backend=backend, mlx_version=row.mlx_version, version=row.version, etag=row.etag,
+            created_at=row.created_at, entries=entries, **n, stale=row.chip in pending, pull_command=command,
+        ))
+    return out
 
 
 def _no_data(session: Session, chip: str, mlx_version: str | None) -> NotFound:
     have = aggregates.chips_with_data(session)
-    backend = chips.backend_of(chip)
+    backend = backend_of(chip)
     same = [c for c, b in have.items() if b == backend and c != chip] if backend else []
     near = chips.closest(chip, same)
     where = f" with MLX {mlx_version}" if mlx_version else ""
@@ -94,6 +112,27 @@ def _no_data(session: Session, chip: str, mlx_version: str | None) -> NotFound:
         "; no chip of the same backend has data either")
     return NotFound(f"no measured results for chip {chip!r}{where}: run a tuning campaign for it "
                     f"(kernelfleet admin campaign create --chip ...){hint}")
+
+
+WHERE_TO_RUN = {"metal": "run a campaign on a Mac", "cuda": "run a campaign on an NVIDIA GPU host"}
+
+
+def _check_predictable(session: Session, chip: str, mlx_version: str | None) -> None:
+    """Before queueing a predicted-only build: some other chip of ``chip``'s backend (GPU only) has
+    results, and no single MLX version is asked for (the builder makes per-version profiles only of a
+    chip's own versions); else 404 saying what is missing. A build with nothing to predict from would
+    store nothing, and every poll would queue it again."""
+    backend = backend_of(chip)
+    if backend not in WHERE_TO_RUN:
+        raise NotFound(f"nothing to predict {chip!r} from: predictions are made for GPU chips only, from "
+                       f"other chips of the same backend")
+    if not session.scalar(select(func.count()).where(ConfigStat.backend == backend)):
+        raise NotFound(f"nothing to predict {chip!r} from: no {backend} chip has results: "
+                       f"{WHERE_TO_RUN[backend]}")
+    if mlx_version is not None:  # the builder makes a chip's per-version profiles from its own results only
+        raise NotFound(f"chip {chip!r} has no results with MLX {mlx_version}; its predicted-only profile is "
+                       f"made from every MLX version's results of other chips: ask without mlx_version "
+                       f"(drop --mlx-version)")
 
 
 def _queue(session: Session, chip: str, allow_predicted: bool) -> JSONResponse:
@@ -139,9 +178,10 @@ def get_profile(
             if not allow_predicted:
                 raise _no_data(session, chip, mlx_version)
             if row is None:
-                if chips.lookup(chip) is None:  # bounded: only the chip table's names get such profiles
-                    raise NotFound(f"chip {chip!r} is not in the chip table (service/chips.py) and has no "
-                                   f"results: nothing to predict it from")
+                if lookup(chip) is None:  # bounded: only the chip table's names get such profiles
+                    raise NotFound(f"chip {chip!r} is not in the chip table (kernelfleet/chips.py) and has "
+                                   f"no results: nothing to predict it from")
+                _check_predictable(session, chip, mlx_version)
                 return _queue(session, chip, True)
         assert row is not None
         headers = {"ETag": f'"{row.etag}"', "Cache-Control": "no-cache"}

@@ -49,6 +49,9 @@ class RegressionOut(BaseModel):
     baseline_result_id: int | None
     result_id: int | None
     confirm_job_id: int | None
+    # how it was confirmed: "re-run", "stored runs" (no worker of its chip), "unconfirmed: no worker of
+    # this chip"; while confirming without a job, what it waits for
+    confirmation: str | None = None
     detected_at: UtcTime
     acknowledged_at: OptUtcTime
     acknowledged_note: str | None
@@ -134,7 +137,6 @@ def list_regressions(
                     .where(Regression.group_key.in_(keys))
                     .group_by(Regression.group_key)
                 )
-                .tuples()
                 .all()
             )
             if keys
@@ -143,7 +145,7 @@ def list_regressions(
         return [_out(r, sizes.get(r.group_key, 1)) for r in rows]
 
 
-@router.get("/regressions/{regression_id}")
+@router.get("/regressions/{regression_id:int}")  # :int: GET /regressions/scan is a 405, not a bad id
 def get_regression(regression_id: RowId, _: DashboardDep, db: DbDep) -> RegressionOut:
     with db() as session:
         row = session.get(Regression, regression_id)

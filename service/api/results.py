@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request, status
 from fastapi.responses import Response
+from pydantic import Field
 from sqlalchemy import select
 
 from kernelfleet.service.db import immediate
@@ -25,11 +26,19 @@ from kernelfleet.service.schemas import BackendName, DType, ImportIn, ImportOut
 
 router = APIRouter(tags=["results"])
 
-Values = Annotated[list[str], Query()]  # repeatable: ?chip=A&chip=B
 MAX_VALUES = 64
+# repeatable: ?chip=A&chip=B; each value 1-128 characters, at most MAX_VALUES of them (in the schema too)
+Values = Annotated[list[Annotated[str, Field(min_length=1, max_length=128)]], Query(max_length=MAX_VALUES)]
 CSV = "text/csv"
-# a date, optionally with a time and a UTC offset (datetime.fromisoformat's forms); never a number
-ISO_TIME = r"^\d{4}-\d{2}-\d{2}([T ]\d{2}(:\d{2}(:\d{2}(\.\d{1,6})?)?)?(Z|[+-]\d{2}(:?\d{2})?)?)?$"
+# a date, optionally with a time and a UTC offset (datetime.fromisoformat's forms); never a number.
+# Only real dates match (no 0000-00-00, no February 30, February 29 of leap years only), so that
+# every value the schema allows is one the route accepts
+_YEAR = r"(000[1-9]|00[1-9]\d|0[1-9]\d{2}|[1-9]\d{3})"
+_LEAP_YEAR = r"(\d{2}(0[48]|[2468][048]|[13579][26])|([2468][048]|[13579][26]|0[48])00)"
+_MONTH_DAY = r"((0[1-9]|1[0-2])-(0[1-9]|1\d|2[0-8])|(0[13-9]|1[0-2])-(29|30)|(0[13578]|1[02])-31)"
+_HOUR, _MINUTE = r"([01]\d|2[0-3])", r"[0-5]\d"
+ISO_TIME = (rf"^({_YEAR}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)"
+            rf"([T ]{_HOUR}(:{_MINUTE}(:{_MINUTE}(\.\d{{1,6}})?)?)?(Z|[+-]{_HOUR}(:?{_MINUTE})?)?)?$")
 
 
 def _time(name: str, value: str | None) -> datetime | None:
@@ -39,15 +48,6 @@ def _time(name: str, value: str | None) -> datetime | None:
         return datetime.fromisoformat(value)
     except ValueError:
         raise Invalid(f"{name}: {value!r} is not an ISO 8601 time such as 2026-11-26T15:00:00Z") from None
-
-
-def _values(name: str, values: list[str]) -> list[str]:
-    if len(values) > MAX_VALUES:
-        raise Invalid(f"{name}: at most {MAX_VALUES} values")
-    for v in values:
-        if not v or len(v) > 128:
-            raise Invalid(f"{name}: each value must be 1-128 characters, got {v[:40]!r}")
-    return values
 
 
 @router.get("/results", response_model=ResultPage,
@@ -76,9 +76,9 @@ def list_results(
     """Stored runs, newest first, ``limit`` per page; pass ``next_cursor`` as ``cursor`` for the next
     page (CSV: the ``Link: <...>; rel="next"`` header and ``X-Next-Cursor``)."""
     filters = ResultFilter(
-        chip=_values("chip", chip), kernel=_values("kernel", kernel), shape=_values("shape", shape),
-        dtype=dtype, backend=backend, mlx_version=_values("mlx_version", mlx_version),
-        revision=_values("revision", revision), source=source, since=_time("since", since),
+        chip=chip, kernel=kernel, shape=shape,
+        dtype=dtype, backend=backend, mlx_version=mlx_version,
+        revision=revision, source=source, since=_time("since", since),
         until=_time("until", until),
     )
     with db() as session:
@@ -103,7 +103,7 @@ def import_results(body: ImportIn, _: AdminDep, db: DbDep) -> ImportOut:
         known: dict[str, int] = dict(session.execute(
             select(Result.payload_digest, Result.id)
             .where(Result.source == "import", Result.payload_digest.in_(set(digests)))
-        ).tuples().all())
+        ).all())
         new: list[int] = []
         ids: list[int] = []
         for report, digest in zip(body.reports, digests, strict=True):

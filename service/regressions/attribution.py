@@ -7,9 +7,13 @@ runs: the run just before the first slower run, and the first slower run. (Not t
 value of the baseline: where every run has its own MLX version, only that pair names the upgrade
 that did it.)
 
-Regressions with the same environment-wide cause (the same MLX version pair, source revision pair,
-OS pair, driver pair, or the same kernel's source change) share one group key, so one cause that
-hits several chips (or shapes) is one alert; a regression with no such cause is grouped per series.
+Regressions with the same environment-wide cause share one group key, so one cause that hits
+several chips (or shapes) is one alert; a regression with no such cause is grouped per series. The
+key names one change only: the first of :data:`SHARED_CAUSES` (MLX version pair, source revision
+pair, OS pair, driver pair, the kernel's source change) that changed. An MLX upgrade that lands
+together with an OS update on some chips (the common case on Macs) is then one group across all of
+them, keyed by the MLX pair every chip shares; the other changes (``os: x -> y``) stay listed in
+each regression's cause.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from collections.abc import Mapping, Sequence
 
 from kernelfleet.service.regressions.base import ATTRIBUTES, RunPoint
 
-# attributes that change for a whole host or the whole fleet at once, so one cause may hit many chips
+# attributes that change for a whole host or the whole fleet at once, so one cause may hit many chips;
+# the first that changed keys the group (the most fleet-wide first)
 SHARED_CAUSES = ("mlx_version", "revision", "os", "driver", "kernel_hash")
 GROUP_KEY_MAX = 256
 KNOWN_ONLY = ("worker", "revision")  # runs that did not say are not a change
@@ -43,13 +48,15 @@ def attribute(before: RunPoint, after: RunPoint) -> dict[str, list[str | None]]:
 def group_key(
     kernel: str, series: tuple[str, str, str, str], cause: Mapping[str, Sequence[str | None]]
 ) -> str:
-    """One key per cause: ``mlx_version=0.32.3->0.32.4`` (plus the kernel for a source change);
-    per series (``series=chip|kernel|shape|dtype``) when nothing fleet-wide changed."""
-    shared = [f"{name}={cause[name][0]}->{cause[name][1]}" for name in SHARED_CAUSES if name in cause]
-    if shared:
-        if "kernel_hash" in cause:
-            shared.append(f"kernel={kernel}")
-        key = ";".join(shared)
+    """One key per cause: the first fleet-wide change of :data:`SHARED_CAUSES`, e.g.
+    ``mlx_version=0.32.3->0.32.4`` whatever else changed at the same run (``kernel_hash=a->b;kernel=k``
+    for a source change alone); per series (``series=chip|kernel|shape|dtype``) when nothing
+    fleet-wide changed."""
+    name = next((n for n in SHARED_CAUSES if n in cause), None)
+    if name is not None:
+        key = f"{name}={cause[name][0]}->{cause[name][1]}"
+        if name == "kernel_hash":
+            key += f";kernel={kernel}"
     else:
         key = "series=" + "|".join(series)
     if len(key) > GROUP_KEY_MAX:

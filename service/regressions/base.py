@@ -109,6 +109,12 @@ class OnlineDetector(Protocol):
         ...
 
 
+    def settled(self, joint: Finding, runs: int) -> bool:
+        """Whether ``joint`` (from :meth:`confirms`), resting on ``runs`` slower runs counting the
+        re-run, is enough to alert; else the coordinator asks for one more re-run."""
+        ...
+
+
 class OfflineDetector(Protocol):
     """Looks at a whole series at once (gradual drift that no single step reveals)."""
 

@@ -15,15 +15,17 @@ into an earlier and a later level. The pass:
    ``min_segment`` runs to an end, so a step at the third-last run is first cut a run early);
 6. looks for a change near either end, which the split above cannot reach (it needs ``min_segment``
    runs on each side): in the first segment, a faster level of 1 to ``edge_runs`` runs; in the last,
-   a slower level of 2 to ``edge_runs`` runs (one run alone at the end is the online detector's
-   suspect, settled by its confirmation re-run). These use :func:`.segments.level_shift` with the
-   stricter ``edge_alpha``, and every run of the short side must clear the other level's median by
-   ``floor * min_effect``, so a bad run or two next to the end cannot make a step;
+   a slower level of ``edge_tail`` (3) to ``edge_runs`` runs (one or two runs at the end may be
+   a bad run or a bad pair: the online detector's suspect, settled by its confirmation re-runs).
+   These use :func:`.segments.level_shift` with the stricter ``edge_alpha``, and every run of the
+   short side must clear the other level's median by ``floor * min_effect``, so a bad run or two
+   next to the end cannot make a step;
 7. merges consecutive slower splits less than ``merge_within`` runs apart (a ramp is cut into
    several steps) into one finding, from the level before the first to the level after the last.
 
-Findings whose level rose by at least ``min_effect`` are reported. The permutation generator is seeded,
-so a scan of the same data gives the same answer.
+Findings whose level rose by at least ``min_effect`` are reported, those whose slower level is
+shorter than ``edge_tail`` runs (as long as a bad pair) only from ``pair_ceiling`` (20 %) on.
+The permutation generator is seeded, so a scan of the same data gives the same answer.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ class ChangePointDetector:
     refine_runs: int = 2  # a cut may move this far to where the change is clearest
     edge_runs: int = 4  # a change this close to either end is looked for by the edge test
     edge_alpha: float = 1.5e-3
+    pair_ceiling: float = 0.20  # a slower level shorter than edge_tail is reported from this effect on
+    edge_tail: int = 3  # the shortest slower level at the end (bad runs come alone and in pairs; a
+    # step in the last one or two runs is the online detector's, settled by its re-runs)
     floor: float = 0.5
     prior: Prior = field(default_factory=Prior)
 
@@ -106,7 +111,8 @@ class ChangePointDetector:
         """The most significant slowdown with a short faster side at the head of ``runs``
         (``head``) or a short slower side at its tail."""
         m = len(x)
-        taus = range(1, min(self.edge_runs, m - 2) + 1) if head else range(max(1, m - self.edge_runs), m - 1)
+        tail = range(max(1, m - self.edge_runs), m - self.edge_tail + 1)
+        taus = range(1, min(self.edge_runs, m - 2) + 1) if head else tail
         stat = cusum_stat(x, 1)
         best: LevelShift | None = None
         for tau in taus:
@@ -115,7 +121,7 @@ class ChangePointDetector:
             if head:
                 holds = fast_side_holds(x, shift, floor)
             else:
-                holds = slow_side_holds(x, shift, floor, self.prior.pair_spread)
+                holds = slow_side_holds(x, shift, floor, self.prior.pair_spread, self.prior.level_sigmas)
             if shift.effect < min_effect or not holds:
                 continue
             if best is None or stat[tau - 1] > stat[best.tau - 1]:  # where the change is, by the means
@@ -142,7 +148,8 @@ class ChangePointDetector:
                 j += 1
             before, after = medians[i], medians[j + 1]
             effect = float(np.exp(after - before) - 1.0)
-            if effect >= min_effect:
+            short = bounds[j + 2] - bounds[j + 1] < self.edge_tail  # as long as a bad pair
+            if effect >= min_effect and not (short and effect < self.pair_ceiling):
                 findings.append(
                     Finding(
                         detector=self.name,

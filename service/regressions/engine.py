@@ -8,7 +8,13 @@
   between those two runs. While it waits, the series raises no other suspect.
 - When that confirm job's result arrives, the suspect's slower runs (and any run stored since) and
   the re-run are tested together against the same baseline: reproduced, the regression becomes
-  ``open`` with the joint effect; else ``dismissed``. A slowdown confirmed within
+  ``open`` with the joint effect; else ``dismissed``.
+- A confirm job that no worker has leased within ``regression_confirm_wait_seconds`` while no
+  worker of its chip is online (imported reports; a Mac that is off) is cancelled, and the
+  regression is judged on the runs of its series stored since (the newest as the re-run), or, with
+  none, raised ``open`` all the same as "unconfirmed: no worker of this chip"
+  (:func:`settle_unconfirmable`, from the background loop). Either way it is no longer
+  ``confirming``: an open one alerts, and its series is watched again. A slowdown confirmed within
   :data:`EXTEND_RUNS` runs after an open regression of the series (a ramp) moves that regression's
   new level instead of raising a second alert.
 - :func:`scan` runs the offline change-point pass over every series; what it finds that no
@@ -32,12 +38,21 @@ from sqlalchemy.orm import Session, sessionmaker
 from kernelfleet.service.db import db_now, immediate, is_sqlite
 from kernelfleet.service.errors import Conflict, NotFound
 from kernelfleet.service.hooks import on_result_stored
-from kernelfleet.service.models import Backend, Job, JobKind, JobState, Regression, RegressionStatus, Result
+from kernelfleet.service.models import (
+    Backend,
+    Job,
+    JobKind,
+    JobState,
+    Regression,
+    RegressionStatus,
+    Result,
+    Worker,
+)
 from kernelfleet.service.regressions import base
 from kernelfleet.service.regressions.attribution import attribute, group_key
 from kernelfleet.service.regressions.locate import locate
 from kernelfleet.service.regressions.series import SeriesKey, history, load_runs, reset_point, to_run
-from kernelfleet.service.settings import Settings, get_settings
+from kernelfleet.service.settings import Settings
 from kernelfleet.service.targets import target_id
 
 logger = logging.getLogger(__name__)
@@ -46,6 +61,10 @@ SCAN_LOCK = 0x6B66_7265  # PostgreSQL advisory lock id for the scan ("kfre")
 SCAN_RUNS = 200  # runs per series the scan looks at
 EXTEND_RUNS = 6  # a slowdown confirmed this soon after an open regression extends it
 CONFIRM_RUNS = 60  # runs loaded to settle a confirmation (the suspect's baseline and slower runs)
+# how a regression was confirmed (Regression.confirmation)
+RERUN = "re-run"  # its confirmation job, run by a worker of its chip, reproduced it
+STORED_RUNS = "stored runs"  # no worker of its chip re-ran it in time: the runs stored after it did
+UNCONFIRMED = "unconfirmed: no worker of this chip"  # nothing confirmed it within the wait: raised anyway
 
 
 def exact_chip_pattern(chip: str) -> str:
@@ -70,10 +89,9 @@ def _run_of(session: Session, result_id: int) -> tuple[Result, base.RunPoint] | 
     return result, to_run(result, row[1], row[2], row[3], row[4])
 
 
-def on_result(factory: sessionmaker[Session], result_id: int) -> None:
+def on_result(factory: sessionmaker[Session], result_id: int, settings: Settings) -> None:
     """The result hook: check a new run, or settle the regression it was a confirmation for.
     Runs in one write transaction, so two results of one series are judged one after the other."""
-    settings = get_settings()
     with factory() as session, immediate(session):
         loaded = _run_of(session, result_id)
         if loaded is None:
@@ -85,6 +103,15 @@ def on_result(factory: sessionmaker[Session], result_id: int) -> None:
                 settle_confirmation(session, result, run, settings)
                 return
         check_run(session, result, run, settings)
+
+
+def can_rerun(session: Session, chip: str, backend: str, settings: Settings) -> bool:
+    """True when an enrolled, unrevoked worker of ``chip`` and ``backend`` was seen lately (by the fleet
+    page's offline threshold): one that could lease a confirmation job now."""
+    seen = db_now(-settings.worker_offline_after_seconds)
+    return bool(session.scalar(select(func.count(Worker.id)).where(
+        Worker.chip == chip, Worker.backend == Backend(backend), Worker.revoked_at.is_(None),
+        Worker.last_heartbeat_at >= seen)))
 
 
 def check_run(session: Session, result: Result, run: base.RunPoint, settings: Settings) -> Regression | None:
@@ -104,21 +131,7 @@ def check_run(session: Session, result: Result, run: base.RunPoint, settings: Se
     runs = [*past, run]
     before, first_slow = runs[finding.index - 1], runs[finding.index]
     cause = attribute(before, first_slow)
-    chip_pattern = exact_chip_pattern(result.chip)
-    job = Job(
-        kind=JobKind.confirm,
-        kernel=result.kernel,
-        shape=result.shape,
-        dtype=result.dtype,
-        target_backend=Backend(result.backend),
-        target_chip=chip_pattern,
-        target_id=target_id(session, Backend(result.backend), chip_pattern),
-        state=JobState.queued,
-        attempts=0,
-        max_attempts=settings.max_attempts,
-    )
-    session.add(job)
-    session.flush()
+    job = _confirm_job(session, result, settings)
     regression = Regression(
         group_key=group_key(result.kernel, key.as_tuple(), cause),
         kernel=result.kernel,
@@ -139,14 +152,28 @@ def check_run(session: Session, result: Result, run: base.RunPoint, settings: Se
     )
     session.add(regression)
     session.flush()
-    logger.info(
-        "suspected regression %s on %s: %+.1f%%, confirm job %s",
-        regression.id,
-        key,
-        100 * finding.effect,
-        job.id,
-    )
+    logger.info("suspected regression %s on %s: %+.1f%%, confirm job %s", regression.id, key,
+                100 * finding.effect, job.id)
     return regression
+
+
+def _confirm_job(session: Session, result: Result, settings: Settings) -> Job:
+    chip_pattern = exact_chip_pattern(result.chip)
+    job = Job(
+        kind=JobKind.confirm,
+        kernel=result.kernel,
+        shape=result.shape,
+        dtype=result.dtype,
+        target_backend=Backend(result.backend),
+        target_chip=chip_pattern,
+        target_id=target_id(session, Backend(result.backend), chip_pattern),
+        state=JobState.queued,
+        attempts=0,
+        max_attempts=settings.max_attempts,
+    )
+    session.add(job)
+    session.flush()
+    return job
 
 
 def settle_confirmation(session: Session, result: Result, rerun: base.RunPoint, settings: Settings) -> None:
@@ -156,11 +183,22 @@ def settle_confirmation(session: Session, result: Result, rerun: base.RunPoint, 
             Regression.confirm_job_id == result.job_id, Regression.status == RegressionStatus.confirming
         )
     ).first()
-    if regression is None or regression.result_id is None:
-        return  # acknowledged meanwhile, or not ours
+    if regression is not None:  # else acknowledged meanwhile, or not ours
+        _settle(session, regression, rerun, settings, RERUN, result)
+
+
+def _settle(session: Session, regression: Regression, rerun: base.RunPoint, settings: Settings,
+            how: str, rerun_result: Result | None = None) -> None:
+    """Open ``regression`` (confirmed ``how``) when its slower runs and ``rerun`` reproduce it
+    together and are enough to alert (:meth:`.base.OnlineDetector.settled`); else dismiss it. When
+    they reproduce it but are too few (two slower runs of a modest effect, as a bad pair looks), it
+    stays ``confirming``: with ``rerun_result`` (a confirm job's) another confirm job is queued,
+    else (judged on stored runs) it waits for the next stored run."""
+    if regression.result_id is None:
+        return
     key = SeriesKey.of(regression)
     # the baseline and the suspect's slower runs, plus whatever the series stored since
-    past = history(session, key, result.id, CONFIRM_RUNS)
+    past = history(session, key, rerun.result_id, CONFIRM_RUNS)
     index = next((i for i, p in enumerate(past) if p.result_id == regression.result_id), 0)
     suspect = base.Finding(
         detector=regression.detector,
@@ -170,11 +208,22 @@ def settle_confirmation(session: Session, result: Result, rerun: base.RunPoint, 
         effect=regression.effect,
         p_value=regression.p_value or 0.0,
     )
-    joint = base.online().confirms(past, suspect, rerun, settings.regression_min_effect)
+    detector = base.online()
+    joint = detector.confirms(past, suspect, rerun, settings.regression_min_effect)
+    if joint is not None and not detector.settled(joint, len(past) - index + 1):
+        # the next re-run: a new confirm job, or (none can run) the next run stored
+        regression.confirm_job_id = (
+            _confirm_job(session, rerun_result, settings).id if rerun_result is not None else None
+        )
+        logger.info("regression %s reproduced on too few runs: one more re-run", regression.id)
+        return
     if joint is None:
         regression.status = RegressionStatus.dismissed
-        logger.info("regression %s dismissed by confirmation result %s", regression.id, result.id)
+        if how == STORED_RUNS:
+            regression.acknowledged_note = "not confirmed by the runs stored after it (no worker of its chip)"
+        logger.info("regression %s dismissed by result %s (%s)", regression.id, rerun.result_id, how)
         return
+    regression.confirmation = how
     regression.new_median_us, regression.effect, regression.p_value = (
         joint.new_median_us, joint.effect, joint.p_value
     )
@@ -189,7 +238,43 @@ def settle_confirmation(session: Session, result: Result, rerun: base.RunPoint, 
         logger.info("regression %s extends regression %s", regression.id, extended.id)
         return
     regression.status = RegressionStatus.open
-    logger.info("regression %s confirmed by confirmation result %s", regression.id, result.id)
+    logger.info("regression %s confirmed by result %s (%s)", regression.id, rerun.result_id, how)
+
+
+def settle_unconfirmable(factory: sessionmaker[Session], settings: Settings) -> list[int]:
+    """Background: every regression still ``confirming`` after
+    :attr:`Settings.regression_confirm_wait_seconds` whose confirm job no worker has leased while no
+    worker of its chip is online (none enrolled: imported reports; or a Mac that is off) is settled
+    without it: by the runs of its series stored since (the newest as the re-run: ``open``, confirmed
+    by :data:`STORED_RUNS`, or ``dismissed``), else raised ``open`` as :data:`UNCONFIRMED`. Its job is
+    cancelled; an open one alerts, and the series is watched again. Returns the ids settled."""
+    settled: list[int] = []
+    with factory() as session, immediate(session):
+        waiting = session.execute(
+            select(Regression, Job.state, Result.backend)
+            .outerjoin(Job, Job.id == Regression.confirm_job_id)
+            .outerjoin(Result, Result.id == Regression.result_id)
+            .where(Regression.status == RegressionStatus.confirming,
+                   Regression.detected_at < db_now(-settings.regression_confirm_wait_seconds))
+        ).all()
+        for regression, job_state, backend in waiting:
+            if job_state not in (None, JobState.queued) or regression.result_id is None or (
+                    can_rerun(session, regression.chip, backend or "cpu", settings)):
+                continue  # leased, or a worker that can run it is online: let it
+            if regression.confirm_job_id is not None:
+                session.execute(update(Job).where(Job.id == regression.confirm_job_id,
+                                                  Job.state == JobState.queued)
+                                .values(state=JobState.cancelled, updated_at=db_now(), finished_at=db_now())
+                                .execution_options(synchronize_session=False))
+            since = load_runs(session, SeriesKey.of(regression), after_id=regression.result_id + 1, limit=1)
+            if since:  # the newest run stored after it stands for the re-run
+                _settle(session, regression, since[-1], settings, STORED_RUNS)
+            else:
+                regression.status, regression.confirmation = RegressionStatus.open, UNCONFIRMED
+                logger.info("regression %s raised unconfirmed: no worker of %s", regression.id,
+                            regression.chip)
+            settled.append(regression.id)
+    return settled
 
 
 def _extends(
@@ -253,6 +338,7 @@ def scan(factory: sessionmaker[Session], settings: Settings) -> ScanReport:
                 select(Regression).where(*_series_where(key), Regression.status != RegressionStatus.dismissed)
             ).all()
             taken = [(position[r.result_id], r) for r in existing if r.result_id in position]
+            placed_at = {r.id: r.result_id for _, r in taken}  # where each stood before this scan
             effect = settings.regression_min_effect
             for f in found:
                 levels = (f.baseline_median_us, f.new_median_us)
@@ -267,7 +353,8 @@ def scan(factory: sessionmaker[Session], settings: Settings) -> ScanReport:
                     i, covering = same[0]
                     if covering.status == RegressionStatus.open and base.relocates(i, f, effect):
                         _relocate(covering, key, runs, f.index)
-                        moved.append(covering.id)
+                        # where it stands now: the re-placement below starts (and compares) from here
+                        taken[taken.index((i, covering))] = (f.index, covering)
                     continue
                 new_run = runs[f.index]
                 cause = attribute(runs[f.index - 1], new_run)
@@ -292,7 +379,8 @@ def scan(factory: sessionmaker[Session], settings: Settings) -> ScanReport:
                 session.flush()
                 created.append(regression.id)
                 taken.append((f.index, regression))
-            moved += [m for m in _relocate_all(taken, key, runs) if m not in moved]
+            _relocate_all(taken, key, runs)
+            moved += [r.id for _, r in taken if r.id in placed_at and r.result_id != placed_at[r.id]]
     return ScanReport(series=len(keys), findings=findings, created=created, moved=moved)
 
 
@@ -300,7 +388,8 @@ def _relocate_all(
     taken: list[tuple[int, Regression]], key: SeriesKey, runs: list[base.RunPoint]
 ) -> list[int]:
     """Every open regression of the series re-placed where its change most likely is
-    (:func:`.locate.locate`, between its neighbours); the ids of those that moved."""
+    (:func:`.locate.locate`, between its neighbours), from where it stands now (``taken``: each
+    regression at its current index into ``runs``); the ids of those this moved."""
     taken = sorted(taken, key=lambda ir: ir[0])
     placed = locate(runs, [i for i, _ in taken])
     moved: list[int] = []

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from scipy import special
 from scipy.ndimage import median_filter
 
 from kernelfleet.service.regressions.base import RunPoint
@@ -43,6 +43,7 @@ class Prior:
     pair_clip: float = 2.0  # two slower runs: the slower counts at most this many sigmas above the other
     pair_spread: float = 4.0  # two slower runs further apart than this many sigmas (+ half the step)
     # are no one level
+    level_sigmas: float = 0.5  # a slower run more sigmas below the levels' midpoint is not at the new level
 
 
 def _level(x: np.ndarray, sigma: float, clip: float) -> float:
@@ -137,20 +138,34 @@ def level_shift(
     se = sigma * np.sqrt(median_var_factor(tau) / tau + median_var_factor(n - tau) / (n - tau))
     t = (after - before) / se
     return LevelShift(
-        tau=tau, before=before, after=after, sigma=sigma, df=df, t=float(t), p_value=float(stats.t.sf(t, df))
+        tau=tau, before=before, after=after, sigma=sigma, df=df, t=float(t),
+        p_value=float(special.stdtr(df, -t)),  # t.sf(t, df) without scipy.stats' per-call overhead
     )
 
 
-def slow_side_holds(x: np.ndarray, shift: LevelShift, floor: float, pair_spread: float = np.inf) -> bool:
+def may_hold(x: np.ndarray, tau: int, floor: float) -> bool:
+    """Whether every run from ``tau`` on is at least ``floor`` (relative) above the median of the runs
+    before it: what :func:`slow_side_holds` requires, tested before the costlier
+    :func:`level_shift`."""
+    return bool(np.all(x[tau:] >= np.median(x[:tau]) + np.log1p(floor)))
+
+
+def slow_side_holds(
+    x: np.ndarray, shift: LevelShift, floor: float, pair_spread: float = np.inf, level_sigmas: float = np.inf
+) -> bool:
     """Every run from ``tau`` on is at least ``floor`` (relative) slower than the faster level, so
-    a single bad run next to normal ones is no step; and two slower runs lie within
-    ``pair_spread`` sigmas plus half the step of each other (a spike next to a bad run is not one
-    new level)."""
+    a single bad run next to normal ones is no step; two slower runs lie within ``pair_spread``
+    sigmas plus half the step of each other (a spike next to a bad run is not one new level); and
+    no slower run is more than ``level_sigmas`` sigmas below the midpoint of the two levels (it
+    belongs to the new level, not to the old one: bad runs around an ordinary run do not lift it
+    into a step; the effect, not each run, has to clear the minimum effect)."""
     slow = x[shift.tau :]
-    allowed = pair_spread * shift.sigma + (shift.after - shift.before) / 2
+    gap = shift.after - shift.before
+    allowed = pair_spread * shift.sigma + gap / 2
     if len(slow) == 2 and abs(float(slow[1] - slow[0])) > allowed:
         return False
-    return bool(np.all(slow >= shift.before + np.log1p(floor)))
+    lowest = shift.before + max(np.log1p(floor), gap / 2 - level_sigmas * shift.sigma)
+    return bool(np.all(slow >= lowest))
 
 
 def fast_side_holds(x: np.ndarray, shift: LevelShift, floor: float) -> bool:

@@ -1,7 +1,9 @@
 """The online step detector: did the series get slower in its last few runs?
 
 Each new run is checked against the runs since the series' baseline started (at most the last
-``window``). The detector tries every split that puts the new run on the slower side and the change
+``window``), and since the latest improvement among them (a faster level restarts the baseline,
+so a regression soon after an improvement is measured against the improved level).
+The detector tries every split that puts the new run on the slower side and the change
 at most ``lookback`` runs back, and tests the two levels with :func:`.segments.level_shift` (a
 pooled run-to-run sigma with a prior, so two or three runs of history are enough, and medians, so
 an earlier bad run or a step already a few runs old does not hide the change). Of the splits that
@@ -21,7 +23,10 @@ the one just before it. A suspect is not an alert: the coordinator queues a conf
 and :meth:`StepDetector.confirms` tests the suspect's slower runs *and* the re-run together as
 one level against the same faster level (joint effect and joint p-value below
 ``confirm_alpha``), with the same every-run floor, so a 5 % step whose re-run lands at +2.5 % is
-still confirmed while a spike or a single bad run is not.
+still confirmed while a spike or a single bad run is not. Bad runs also come in pairs, so a joint
+finding on two slower runs alone (the suspect and one re-run) is not :meth:`StepDetector.settled`
+unless its effect is at least ``pair_ceiling``: the coordinator queues one more re-run, and the
+three are tested together.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from kernelfleet.service.regressions.segments import (
     Prior,
     cusum_stat,
     level_shift,
+    may_hold,
     slow_side_holds,
 )
 
@@ -54,12 +60,18 @@ class StepDetector:
     sample_runs: int = 3
     confirm_alpha: float = 1.5e-3
     floor: float = 0.5  # every slower run is at least floor * min_effect above the faster level
+    improvement: float = 0.05  # a faster level by this much restarts the baseline
+    settle_runs: int = 3  # slower runs (the suspect's and its re-runs) a confirmed step rests on ...
+    pair_ceiling: float = 0.20  # ... unless it is this large: bad runs come alone and in pairs
     prior: Prior = field(default_factory=Prior)
 
     def check(self, history: Sequence[RunPoint], new: RunPoint, min_effect: float) -> Finding | None:
         if len(history) < self.min_history:
             return None
         skip = max(0, len(history) - (self.window - 1))
+        skip += self._since_improvement(history[skip:])
+        if len(history) - skip < self.min_history:
+            return None
         runs = [*history[skip:], new]
         x = np.array([p.log_median for p in runs], dtype=float)
         stat = cusum_stat(x, 1)  # where the change is: the split whose means differ most
@@ -83,6 +95,7 @@ class StepDetector:
         if not 0 < suspect.index <= len(history):
             return None
         skip = max(0, suspect.index - (self.window - self.lookback))
+        skip += self._since_improvement(history[skip : suspect.index])
         runs = [*history[skip:], rerun]
         x = np.array([p.log_median for p in runs], dtype=float)
         best = self._shift(runs, x, suspect.index - skip, min_effect)
@@ -90,12 +103,46 @@ class StepDetector:
             return None
         return self._finding(best, skip)
 
+    def settled(self, joint: Finding, runs: int) -> bool:
+        """Whether a joint finding on ``runs`` runs (index of the first slower run to the newest,
+        the re-run included) is enough to alert: at least ``settle_runs`` slower runs, or an effect
+        of ``pair_ceiling`` or more. Bad runs come alone and in pairs (a device's state lasts a run
+        or two), so two slower runs of a modest effect are what a bad pair looks like; the
+        coordinator asks for one more re-run instead."""
+        return runs >= self.settle_runs or joint.effect >= self.pair_ceiling
+
+    def _since_improvement(self, history: Sequence[RunPoint]) -> int:
+        """Where the baseline starts in ``history``: after the latest improvement (a faster level
+        of at least ``min_history`` runs, by the same test and gates as a slowdown at ``alpha``; of
+        several, the split whose means differ most), else 0. The runs before an improvement are
+        no longer the series' normal: against their median, a regression back to that level would
+        look like none."""
+        n = len(history)
+        if n < 2 * self.min_history:
+            return 0
+        x = -np.array([p.log_median for p in history], dtype=float)  # a slowdown of -x is an improvement
+        stat = cusum_stat(x, 1)
+        best = 0
+        floor = self.floor * self.improvement
+        for tau in range(self.min_history, n - self.min_history + 1):
+            if not may_hold(x, tau, floor):
+                continue
+            shift = level_shift(history, tau, self.prior, x)
+            if (shift.effect >= self.improvement and shift.p_value < self.alpha
+                    and slow_side_holds(x, shift, floor, self.prior.pair_spread, self.prior.level_sigmas)
+                    and (not best or stat[tau - 1] > stat[best - 1])):
+                best = tau  # where the change is, by the means (as for a slowdown)
+        return best
+
     def _shift(
         self, runs: Sequence[RunPoint], x: np.ndarray, tau: int, min_effect: float
     ) -> LevelShift | None:
-        shift = level_shift(runs, tau, self.prior, x)
         floor = self.floor * min_effect
-        if shift.effect < min_effect or not slow_side_holds(x, shift, floor, self.prior.pair_spread):
+        if not may_hold(x, tau, floor):
+            return None
+        shift = level_shift(runs, tau, self.prior, x)
+        holds = slow_side_holds(x, shift, floor, self.prior.pair_spread, self.prior.level_sigmas)
+        if shift.effect < min_effect or not holds:
             return None
         return shift
 

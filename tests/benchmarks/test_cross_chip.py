@@ -73,7 +73,7 @@ def test_plan_leaves_one_kernel_out(cc: Any, tmp_path: Path) -> None:
     assert meta["source"] == H200 and meta["target"] == H100
     assert meta["stored"] == {H200: 7, H100: 7}
     # every entry is predicted: each kernel's were built without the H100's results for that kernel
-    assert meta["counts"]["measured"] == 0 and len(jobs) == 48
+    assert meta["counts"]["measured"] == 0 and len(jobs) == len(cc.catalog_entries())  # 62 on 2026-11-27
     measured = {(r["kernel"], r["shape"]) for r in relabelled}
     for job in jobs:
         if (job["kernel"], job["shape"]) in measured:

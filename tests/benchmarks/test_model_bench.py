@@ -32,12 +32,22 @@ def test_tiny_run_end_to_end() -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout
     assert "SERVER MODULES []" in out
-    for model in ("llama (2 layers, hidden 128, float32)", "llama (2 layers, hidden 128, 4-bit)",
-                  "qwen3_moe (2 layers, hidden 128, float32)", "qwen3_moe (2 layers, hidden 128, 4-bit)"):
+    for model in ("llama (2 layers, hidden 128, float32)", "llama (2 layers, hidden 128, 4-bit group 64)",
+                  "qwen3_moe (2 layers, hidden 128, float32)",
+                  "qwen3_moe (2 layers, hidden 128, 4-bit group 64)"):
         assert model in out
     assert out.count("prefill 16 ") == 4 and out.count("decode batch 2 ") == 4
     assert out.count("patched/stock") == 8 and out.count("replaced ops") == 8
     assert out.count("control, stock against stock: ") == 8
     assert out.count("argmax agrees at 100.0%") == 4
+    assert out.count("greedy 8 steps: same tokens") == 4
+    # the quantized models' linear layers run quantized_matmul (the Qwen3-MoE router in 8 bits, as
+    # mlx_lm.convert quantizes it; the kernel's default at 16 tokens is MLX's op), the MoE experts
+    # gather_quantized_matmul at 16 tokens x 4 experts
+    assert "patched  quantized linear (128 -> 256, 4-bit, group 64, float32) x5: profile: " \
+           "quantized_matmul: custom at M=2 (qmv); built-in at M=16" in out
+    assert "patched  quantized linear (128 -> 32, 8-bit, group 64, float32) x2" in out
+    assert "patched  quantized experts (32 experts, 128 -> 64, 4-bit, group 64, float32) x4: profile: " \
+           "gather_quantized_matmul: custom at T=64 (dq)" in out
     assert "moe router + combine" in out and "swiglu (experts)" in out
     assert out.count("modules patched, 0 kept") == 4  # tiny mode's profile: every planned call custom

@@ -22,7 +22,7 @@ TINY_LLAMA = {"model_type": "llama", "hidden_size": 128, "num_hidden_layers": 2,
 
 @pytest.mark.slow
 def test_patch_cost_runs_every_section(tmp_path: Path) -> None:
-    from kernelfleet.kernels import profile_file
+    from kernelfleet.kernels.patch import profile_file
 
     config = tmp_path / "config.json"
     config.write_text(json.dumps(TINY_LLAMA))
@@ -48,3 +48,23 @@ def test_patch_cost_runs_every_section(tmp_path: Path) -> None:
     assert report.count("    patched ") == 2 and report.count("    routed, built-ins ") == 2
     assert "decode batch 2: host time to build one step's graph, median of 2 rounds: stock" in report
     assert "decode batch 2, patched, 32 steps" in report and "function calls" in report
+
+
+@pytest.mark.slow
+def test_patch_cost_quantized_sections(tmp_path: Path) -> None:
+    """--quantized: one QuantizedLinear four ways and the decode step, with the GPU's call structure
+    emulated on CPU (the custom path a compiled graph of MLX's op) and no profile (every planned
+    quantized_matmul shape at the kernel's default config)."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY_LLAMA))
+    r = subprocess.run([sys.executable, str(BENCHMARKS / "patch_cost.py"), "--quantized", "8", "--group",
+                        "32", "--emulate-gpu", "--config", str(config), "--decode", "1", "2", "--prefill",
+                        "--context", "8", "--rounds", "2", "--launches", "4"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout
+    assert "quantized linear 128 -> 128, 8-bit group 32, bfloat16: host µs a call" in out
+    for b in (1, 2):
+        assert f"  batch {b} (" in out and f"decode batch {b}, 2 layers: host µs to build one step" in out
+    assert out.count("patched - raw kernel call") == 2
+    assert "µs a patched quantized call (15 a step)" in out  # 7 a layer and the LM head

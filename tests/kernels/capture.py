@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from kernelfleet.kernels.catalog import NAMES, get_spec
 from kernelfleet.kernels.common import shapes_only
-from kernelfleet.kernels.launch import LaunchRecord, capture
+from kernelfleet.kernels.render.launch import LaunchRecord, capture
 from kernelfleet.kernels.spec import GpuBackend, KernelSpec, Shape, config_key
 from kernelfleet.kernels.testing.mlx_metal import MetalKernel, from_record
 

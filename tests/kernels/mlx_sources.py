@@ -11,7 +11,7 @@ import re
 
 import mlx.core as mx
 
-from kernelfleet.kernels.launch import LaunchRecord
+from kernelfleet.kernels.render.launch import LaunchRecord
 
 CUDA_TYPES = {mx.float32: "float", mx.float16: "__half", mx.bfloat16: "__nv_bfloat16",
               mx.uint32: "uint32_t", mx.int32: "int32_t", mx.uint8: "uint8_t"}

@@ -3,8 +3,7 @@ axis at its default is left out of the config, and the new axes come only with 1
 
 from __future__ import annotations
 
-from kernelfleet.kernels import elementwise, rowwise
-from kernelfleet.kernels.catalog import get_spec
+from kernelfleet.kernels.catalog import elementwise, get_spec, rowwise
 from kernelfleet.kernels.common import ITEMSIZE
 
 

@@ -19,10 +19,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from kernelfleet.kernels import cuda_precompile as cp
-from kernelfleet.kernels import nvrtc
 from kernelfleet.kernels.catalog import get_spec
-from kernelfleet.kernels.launch import KernelSource, Launch, capture, run
+from kernelfleet.kernels.render import cuda_precompile as cp
+from kernelfleet.kernels.render import nvrtc
+from kernelfleet.kernels.render.launch import KernelSource, Launch, capture, run
 from kernelfleet.worker.backends.cuda import CudaBackend
 
 CXX = shutil.which("clang++") or shutil.which("g++") or shutil.which("c++")
@@ -107,7 +107,7 @@ def _cuda() -> bool:
 
 
 def _arch() -> str:
-    from kernelfleet.worker.chip import detect_chip
+    from kernelfleet.chips import detect_chip
 
     return str(detect_chip().arch)
 

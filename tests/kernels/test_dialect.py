@@ -5,8 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from kernelfleet.kernels import dialect, render_cuda, render_metal
-from kernelfleet.kernels.dialect import DialectError, float_literal, render
+from kernelfleet.kernels.render import cuda as render_cuda
+from kernelfleet.kernels.render import dialect
+from kernelfleet.kernels.render import metal as render_metal
+from kernelfleet.kernels.render.dialect import DialectError, float_literal, render
 
 
 def test_both_backends_spell_every_token() -> None:

@@ -1,9 +1,9 @@
 """``kernelfleet.patch`` on tiny mlx-lm models built from ``ModelArgs`` (CPU).
 
 The profile holds a custom config (the kernel's default) at exactly the shapes that
-:func:`kernelfleet.kernels.model_shapes.derive` plans for the model's config, so a campaign from that
+:func:`kernelfleet.kernels.patch.model_shapes.derive` plans for the model's config, so a campaign from that
 config would tune what the patched model looks up. On CPU custom kernels cannot run, so the patched
-calls run the catalog's built-ins through ``kernelfleet.kernels.runtime.run``; the tests check that
+calls run the catalog's built-ins through ``kernelfleet.kernels.patch.runtime.run``; the tests check that
 every patched call goes that way (the routers' counts and the shapes they met) and that the logits
 match the unpatched model's, for a prefill and a decode step with a KV cache.
 """
@@ -21,12 +21,12 @@ import mlx.core as mx  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
 import kernelfleet  # noqa: E402
-from kernelfleet.kernels import runtime  # noqa: E402
 from kernelfleet.kernels.catalog import get_spec  # noqa: E402
-from kernelfleet.kernels.launch import capture  # noqa: E402
-from kernelfleet.kernels.model_patterns import Router  # noqa: E402
-from kernelfleet.kernels.model_shapes import ARCHITECTURES, derive  # noqa: E402
-from kernelfleet.kernels.profile_view import DEFAULT_MIN_GAIN_US, load  # noqa: E402
+from kernelfleet.kernels.patch import runtime  # noqa: E402
+from kernelfleet.kernels.patch.model_patterns import Router  # noqa: E402
+from kernelfleet.kernels.patch.model_shapes import ARCHITECTURES, derive  # noqa: E402
+from kernelfleet.kernels.patch.profile_view import ROUTED_MIN_GAIN_US, load  # noqa: E402
+from kernelfleet.kernels.render.launch import capture  # noqa: E402
 from kernelfleet.kernels.spec import BUILTIN, parse_shape  # noqa: E402
 
 PROMPT = 7
@@ -151,7 +151,7 @@ def test_custom_picks_that_save_too_little_keep_the_module() -> None:
     kept = {m.kind: m.reason for m in report.kept}
     assert set(kept) == {"swiglu", "rope", "rmsnorm"}, str(report)
     assert all("(not faster beyond the noise)" in kept[k] for k in ("swiglu", "rmsnorm"))
-    assert f"(gains under {DEFAULT_MIN_GAIN_US:g} µs a call)" in kept["rope"]
+    assert f"(gains under {ROUTED_MIN_GAIN_US:g} µs a call)" in kept["rope"]
     assert {m.kind for m in report.patched} == {"residual add + rmsnorm"}
     kernelfleet.unpatch(model)
     # min_gain_us=0: every pick faster beyond the noise is used

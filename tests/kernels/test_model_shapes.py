@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kernelfleet.kernels.catalog import get_spec
-from kernelfleet.kernels.model_shapes import ModelConfigError, derive, load_config
+from kernelfleet.kernels.patch.model_shapes import ModelConfigError, derive, load_config
 from kernelfleet.kernels.spec import parse_shape
 
 MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
@@ -134,3 +134,89 @@ def test_unreadable_configs(tmp_path: Path) -> None:
                           ("list.json", "expected a JSON object")):
         with pytest.raises(ModelConfigError, match=message):
             load_config(tmp_path / name)
+
+
+QUANT_ROWS = (1, 2, 3, 4, 8, 32, 512, 2048)  # decode 1, 8, 32; draft-verify 2, 3, 4; prefill 512, 2048
+
+
+def test_quantized_matmul_at_every_quantized_layer_and_token_count() -> None:
+    c = load_config(MODELS / "llama-3-8b.json")
+    plan = derive({**c, "quantization": {"group_size": 64, "bits": 4, "mode": "affine"}})
+    d, inter, vocab = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    kv = c["num_key_value_heads"] * d // c["num_attention_heads"]
+    layers = [(d, d), (d, kv), (d, inter), (inter, d), (d, vocab)]  # q/o, k/v, gate/up, down, lm_head
+    assert plan.kernel_shapes["quantized_matmul"] == [fmt(m, k, n, 4, 64)
+                                                      for k, n in layers for m in QUANT_ROWS]
+    at = "model.layers.*."
+    assert plan.sites["quantized_matmul"] == [
+        f"4096 -> 4096, 4-bit group 64: {at}self_attn.q_proj x32, {at}self_attn.o_proj x32",
+        f"4096 -> 1024, 4-bit group 64: {at}self_attn.k_proj x32, {at}self_attn.v_proj x32",
+        f"4096 -> 14336, 4-bit group 64: {at}mlp.gate_proj x32, {at}mlp.up_proj x32",
+        f"14336 -> 4096, 4-bit group 64: {at}mlp.down_proj x32",
+        "4096 -> 128256, 4-bit group 64: lm_head"]
+    assert plan.notes == []
+    for s in plan.kernel_shapes["quantized_matmul"]:
+        get_spec("quantized_matmul").validate_shape(parse_shape(s))
+    # the token counts are the plan's own: decode, draft-verify, prefill
+    small = derive({**c, "quantization": {"group_size": 32, "bits": 8}}, decode=(1,), prefill=(128,),
+                   verify=(5,))
+    assert small.kernel_shapes["quantized_matmul"][:3] == ["1x4096x4096x8x32", "5x4096x4096x8x32",
+                                                           "128x4096x4096x8x32"]
+    assert small.kernel_shapes["rmsnorm"] == ["1x4096", "128x4096"]  # verify: the quantized matmuls only
+
+
+def test_per_layer_quantization_overrides() -> None:
+    """mlx-lm's config.json names a layer's own format by its path, or false for full precision; a
+    format quantized_matmul does not take is left out and said."""
+    c = load_config(MODELS / "llama-3-8b.json")
+    q = {"group_size": 64, "bits": 4, "model.layers.0.mlp.down_proj": {"group_size": 128, "bits": 8},
+         "model.layers.1.mlp.down_proj": False, "lm_head": {"group_size": 32, "bits": 4, "mode": "mxfp4"},
+         "model.layers.2.self_attn.q_proj": {"group_size": 64, "bits": 3}}
+    plan = derive({**c, "quantization": q}, decode=(1,), prefill=(), verify=())
+    assert "1x14336x4096x8x128" in plan.kernel_shapes["quantized_matmul"]
+    assert "1x4096x128256x4x64" not in plan.kernel_shapes["quantized_matmul"]
+    assert "14336 -> 4096, 8-bit group 128: model.layers.0.mlp.down_proj" in plan.sites["quantized_matmul"]
+    assert "14336 -> 4096, 4-bit group 64: model.layers.*.mlp.down_proj x30" in plan.sites["quantized_matmul"]
+    assert "quantized_matmul left out for lm_head: mode 'mxfp4' (quantized_matmul takes 'affine'); " \
+           "these layers keep MLX's op" in plan.notes
+    assert "quantized_matmul left out for model.layers.2.self_attn.q_proj: 3-bit (quantized_matmul takes " \
+           "4 or 8 bits); these layers keep MLX's op" in plan.notes
+    assert "not quantized: model.layers.1.mlp.down_proj" in plan.notes
+
+
+def test_quantized_moe_plans_attention_router_and_experts() -> None:
+    """Qwen3-30B-A3B as mlx-lm quantizes it: 4-bit, the router (mlp.gate) 8-bit; the experts'
+    gather_qmm as gather_quantized_matmul at tokens x 8 pairs, where mlx-lm sorts them (64 or more)."""
+    c = load_config(MODELS / "qwen3-30b-a3b.json")
+    q: dict[str, Any] = {"group_size": 64, "bits": 4, "mode": "affine"}
+    q.update({f"model.layers.{i}.mlp.gate": {"group_size": 64, "bits": 8} for i in range(48)})
+    plan = derive({**c, "quantization": q}, decode=(1, 8), prefill=(2048,))
+    assert plan.sites["quantized_matmul"] == [
+        "2048 -> 4096, 4-bit group 64: model.layers.*.self_attn.q_proj x48",
+        "2048 -> 512, 4-bit group 64: model.layers.*.self_attn.k_proj x48, "
+        "model.layers.*.self_attn.v_proj x48",
+        "4096 -> 2048, 4-bit group 64: model.layers.*.self_attn.o_proj x48",
+        "2048 -> 128, 8-bit group 64: model.layers.*.mlp.gate x48",
+        "2048 -> 151936, 4-bit group 64: lm_head"]
+    assert plan.kernel_shapes["quantized_matmul"][18:24] == [fmt(m, 2048, 128, 8, 64)
+                                                             for m in (1, 2, 3, 4, 8, 2048)]
+    assert plan.kernel_shapes["gather_quantized_matmul"] == [
+        fmt(t, k, n, 128, 4, 64) for k, n in ((2048, 768), (768, 2048)) for t in (64, 16384)]
+    assert plan.sites["gather_quantized_matmul"] == [
+        "128 experts, 2048 -> 768, 4-bit group 64, 8 a token: model.layers.*.mlp.switch_mlp.gate_proj x48, "
+        "model.layers.*.mlp.switch_mlp.up_proj x48",
+        "128 experts, 768 -> 2048, 4-bit group 64, 8 a token: model.layers.*.mlp.switch_mlp.down_proj x48"]
+    assert any(n.startswith("gather_quantized_matmul left out at 1, 2, 3, 4 tokens: fewer than 64") for n in
+               plan.notes)
+    for s in plan.kernel_shapes["gather_quantized_matmul"]:
+        get_spec("gather_quantized_matmul").validate_shape(parse_shape(s))
+
+
+def test_a_tied_head_and_layers_mlx_lm_leaves_in_full_precision() -> None:
+    c = {**load_config(MODELS / "llama-3-8b.json"), "tie_word_embeddings": True, "intermediate_size": 14400,
+         "quantization": {"group_size": 128, "bits": 4}}
+    plan = derive(c, decode=(1,), prefill=(), verify=())
+    assert all("x128256x" not in s for s in plan.kernel_shapes["quantized_matmul"])
+    assert any("tied embedding" in n for n in plan.notes)
+    # 14400 input features are not a multiple of 128: mlx-lm leaves down_proj in full precision
+    assert "not quantized: model.layers.*.mlp.down_proj x32" in plan.notes

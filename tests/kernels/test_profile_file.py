@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelfleet.kernels import profile_file
+from kernelfleet.kernels.patch import profile_file
 
 
 def body(chip: str, config_key: str, version: int = 1) -> dict[str, object]:

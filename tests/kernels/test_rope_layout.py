@@ -9,11 +9,10 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from kernelfleet.kernels import rope_kernel
-from kernelfleet.kernels.catalog import get_spec
+from kernelfleet.kernels.catalog import get_spec, rope_kernel
 from kernelfleet.kernels.spec import BadShape
-from kernelfleet.kernels.testing.emu_backend import MetalEmuBackend, intercept
 from kernelfleet.kernels.testing.metal_emu import Emulator
+from kernelfleet.worker.backends.metal_emu import MetalEmuBackend, intercept
 
 B, L, HEADS, DH = 2, 7, 3, 32
 OFFSET = 11

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import kernelfleet.kernels as K
-from kernelfleet.kernels import profile_file, runtime
 from kernelfleet.kernels.catalog import get_spec
-from kernelfleet.kernels.launch import capture, compiled_call
-from kernelfleet.kernels.runtime import Target
+from kernelfleet.kernels.patch import profile_file, runtime
+from kernelfleet.kernels.patch.runtime import Target
+from kernelfleet.kernels.render.launch import capture, compiled_call
 
 
 @pytest.fixture(autouse=True)

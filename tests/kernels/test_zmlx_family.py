@@ -8,8 +8,8 @@ import pytest
 
 from kernelfleet.kernels.catalog import NAMES, ZMLX_NAMES, get_spec
 from kernelfleet.kernels.spec import BUILTIN, DTYPES, KernelBuildError, UnknownKernel, config_key
-from kernelfleet.kernels.zmlx_capture import capture
-from kernelfleet.kernels.zmlx_family import GATED, TGS
+from kernelfleet.kernels.zmlx.capture import capture
+from kernelfleet.kernels.zmlx.family import GATED, TGS
 from kernelfleet.worker.backends.cpu import CpuBackend
 from kernelfleet.worker.backends.cuda import CudaBackend
 from kernelfleet.worker.backends.metal import MetalBackend
@@ -107,7 +107,7 @@ def test_without_zmlx_a_metal_worker_offers_nothing_and_says_how_to_install(
 
 
 def test_the_metal_emulator_backend_offers_them() -> None:
-    from kernelfleet.kernels.testing.emu_backend import MetalEmuBackend
+    from kernelfleet.worker.backends.metal_emu import MetalEmuBackend
 
     offered = MetalEmuBackend().candidates(get_spec("zmlx_softmax"), (4, 128), "float32")
     assert [config_key(c) for c in offered] == ["builtin"] + [f"tg={t}" for t in TGS]

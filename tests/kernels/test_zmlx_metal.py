@@ -21,7 +21,7 @@ import pytest
 
 from kernelfleet.kernels.catalog import ZMLX_NAMES, get_spec
 from kernelfleet.kernels.spec import DTYPES, Config, KernelSpec, Shape
-from kernelfleet.kernels.zmlx_capture import ZmlxLaunch, capture, intercept
+from kernelfleet.kernels.zmlx.capture import ZmlxLaunch, capture, intercept
 
 testing = pytest.importorskip("kernelfleet.kernels.testing")
 from kernelfleet.kernels.testing.metal_emu import EmulationError, Emulator  # noqa: E402
@@ -137,7 +137,7 @@ def test_a_pinned_llama_on_the_emulator_computes_what_mlx_computes(emulator: Emu
     """A random-weight mlx-lm Llama after ``kernelfleet.zmlx.patch``: its forward pass with every zmlx
     launch run by the Metal emulator gives MLX's own (unpatched) logits."""
     llama = pytest.importorskip("mlx_lm.models.llama", reason="mlx-lm is not installed")
-    from kernelfleet.kernels import profile_file
+    from kernelfleet.kernels.patch import profile_file
     from kernelfleet.zmlx import patch
 
     args = llama.ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=96,

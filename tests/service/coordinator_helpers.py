@@ -89,3 +89,13 @@ def complete(client: httpx.Client, lease_body: dict[str, Any], **report_override
                          **report_overrides)
     return client.post(f"/jobs/{lease_body['job_id']}/result",
                        json={"lease_token": lease_body["lease_token"], "report": report})
+
+
+def measured_shapes(factory: Any, chip: str) -> set[str]:
+    """The shapes of ``chip``'s newest stored profile that were measured on it (not predicted)."""
+    from kernelfleet.service import profiles
+
+    with factory() as session:
+        row = profiles.latest(session, chip, None)
+        assert row is not None, f"no profile stored for {chip}"
+        return {e["shape"] for e in row.body["entries"] if not e["predicted"]}

@@ -141,6 +141,17 @@ def test_bad_inputs_get_clear_4xx_and_change_nothing(coordinator_factory: Any) -
         Case("worker token on admin route", "POST", "/campaigns", 403, "admin token", "worker",
              json_body=c_ok),
         Case("revoked worker token", "POST", "/leases", 401, "revoked", "revoked", json_body={}),
+        # authentication comes before the body is read: no 422 (nor the cost of parsing) for a caller
+        # without a valid token
+        Case("invalid body, no token", "POST", result_path, 401, "missing worker token",
+             content=b'{"report": [', headers=JSON),
+        Case("invalid body, unknown token", "POST", result_path, 401, "invalid worker token", "kfw_nope",
+             json_body={"report": 5}),
+        Case("invalid body, no admin token", "POST", "/results/import", 401, "missing admin token",
+             content=b"[" * 1000, headers=JSON),
+        Case("invalid body, unknown admin token", "POST", "/campaigns", 401, "invalid admin token",
+             "kfa_nope", json_body={"name": 5}),
+        Case("GET on a POST-only route", "GET", "/regressions/scan", 405, "not allowed", "admin"),
         Case("expired enrollment token", "POST", "/workers/enroll", 401, "expired",
              json_body=enroll_body(expired)),
         Case("used enrollment token", "POST", "/workers/enroll", 401, "already used",
@@ -253,6 +264,12 @@ def test_bad_inputs_get_clear_4xx_and_change_nothing(coordinator_factory: Any) -
             health = httpx.get(coordinator.url + "/healthz", timeout=10.0)
             if health.status_code != 200:
                 failures.append(f"{case.name}: server unhealthy afterwards")
+        # a 405 says what the path does allow (every route on it)
+        allowed = {path: http.request("PATCH", path, headers={"authorization": f"Bearer {tokens['admin']}"},
+                                      json={}).headers.get("allow")
+                   for path in ("/regressions/scan", f"/campaigns/{campaign['id']}", "/campaigns")}
+    assert allowed == {"/regressions/scan": "POST", f"/campaigns/{campaign['id']}": "DELETE, GET",
+                       "/campaigns": "GET, POST"}, allowed
     assert not failures, "\n".join(failures)
     assert snapshot(coordinator.db_url) == before
     with coordinator.admin() as admin:

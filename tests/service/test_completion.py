@@ -117,17 +117,17 @@ def test_result_hooks_run_after_commit_and_failures_do_not_fail_requests() -> No
 
     seen: list[int] = []
 
-    def good(_factory: Any, result_id: int) -> None:
+    def good(_factory: Any, result_id: int, _settings: Any) -> None:
         seen.append(result_id)
 
-    def broken(_factory: Any, _result_id: int) -> None:
+    def broken(_factory: Any, _result_id: int, _settings: Any) -> None:
         raise RuntimeError("hook bug")
 
     hooks.on_result_stored(broken)
     hooks.on_result_stored(good)
     hooks.on_result_stored(good)  # registering twice is a no-op
     try:
-        hooks.run_result_hooks(None, 7)  # type: ignore[arg-type]
+        hooks.run_result_hooks(None, 7, None)  # type: ignore[arg-type]
     finally:
         hooks._hooks.remove(broken)
         hooks._hooks.remove(good)

@@ -17,6 +17,9 @@ from sqlalchemy.engine import make_url
 
 from kernelfleet.service.db import is_sqlite
 
+# serve's own start-up checks and its log, against a database that goes away
+pytestmark = pytest.mark.coordinator_process
+
 
 def _admin_sql(*statements: str) -> None:
     url = make_url(POSTGRES_URL or "").set(drivername="postgresql").render_as_string(hide_password=False)

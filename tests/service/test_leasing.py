@@ -115,6 +115,12 @@ def test_heartbeat_extends_only_the_current_lease(coordinator: Coordinator) -> N
         r = c.post(f"/jobs/{got['job_id']}/heartbeat", json={"lease_token": got["lease_token"]})
         assert r.status_code == 200, r.text
         assert r.json()["lease_expires_at"] >= got["lease_expires_at"]
+        # each answer says when to beat next: within a third of the lease, spread (drawn per beat)
+        third = got["lease_seconds"] / 3
+        nexts = [c.post(f"/jobs/{got['job_id']}/heartbeat", json={"lease_token": got["lease_token"]})
+                 .json()["next_heartbeat_seconds"] for _ in range(24)]
+        assert all(0.6 * third <= n <= third for n in nexts), nexts
+        assert len(set(nexts)) >= 12 and max(nexts) - min(nexts) >= 0.1 * third, nexts
         r = c.post(f"/jobs/{got['job_id']}/heartbeat", json={"lease_token": "kfl_not-the-token"})
         assert r.status_code == 409 and "no longer valid" in r.json()["detail"]
         r = o.post(f"/jobs/{got['job_id']}/heartbeat", json={"lease_token": got["lease_token"]})

@@ -8,9 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 from conftest import Coordinator
 from coordinator_helpers import create_campaign, enroll, lease
 from prometheus_client.parser import text_string_to_metric_families
+
+# /metrics counts what its process served (prometheus_client's registry is per process)
+pytestmark = pytest.mark.coordinator_process
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

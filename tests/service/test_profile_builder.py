@@ -1,5 +1,6 @@
 """Profile building is background work: a slow build never holds up results, leases or heartbeats,
-and two coordinator replicas on one database never build the same chip's profile at once."""
+two coordinator replicas on one database never build the same chip's profile at once, and a build
+answers only the requests whose results it saw."""
 
 from __future__ import annotations
 
@@ -7,12 +8,18 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from conftest import Coordinator
-from coordinator_helpers import create_campaign, enroll, lease, make_report, shapes
+import pytest
+from conftest import POSTGRES_URL, Coordinator
+from coordinator_helpers import create_campaign, enroll, lease, make_report, measured_shapes, shapes
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
-from kernelfleet.service.db import make_engine
+from kernelfleet.service import profile_builder, series_summaries
+from kernelfleet.service.db import make_engine, make_sessionmaker
 from kernelfleet.service.models import ProfileBuild, ProfileRequest, Result
+from kernelfleet.service.reports import store_report
+from kernelfleet.service.schemas import TuningReport
+from kernelfleet.service.settings import Settings
 
 CHIP = "NVIDIA H100 80GB HBM3"
 
@@ -78,6 +85,7 @@ def test_a_slow_build_holds_up_no_request(coordinator_factory: Any) -> None:
     assert len(builds) < jobs + 1
 
 
+@pytest.mark.coordinator_process  # replicas: one process each, locks shared only through the database
 def test_two_replicas_never_build_one_chip_at_once(coordinator_factory: Any) -> None:
     env = {"KERNELFLEET_PROFILE_BUILD_DELAY_SECONDS": "0.4"}
     first, second = coordinator_factory(**env), coordinator_factory(**env)
@@ -126,3 +134,45 @@ def test_a_busy_chip_is_rebuilt_at_most_once_per_interval(coordinator_factory: A
     # nothing was lost to the coalescing: the last version holds every shape
     measured = {e["shape"] for e in coordinator.profile(CHIP)["entries"] if not e["predicted"]}
     assert {f"{n}x4096" for n in range(1, 7)} <= measured
+
+
+@pytest.mark.skipif(not POSTGRES_URL, reason="PostgreSQL only (KERNELFLEET_TEST_POSTGRES_URL)")
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_a_request_committed_after_a_newer_one_is_not_answered_unseen(
+        migrated_db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL hands out a request's id at insert, not at commit: a result whose transaction got
+    id N but committed after the builder read the queue (and the stats) is still queued after that
+    build, and the next build holds it. (SQLite: one writer at a time, so ids follow commit order.)"""
+    engine = make_engine(migrated_db_url)
+    factory = make_sessionmaker(engine)
+    settings = Settings(database_url=migrated_db_url, profile_min_interval_seconds=0)
+
+    def store(session: Session, shape: str) -> None:
+        store_report(session, TuningReport.model_validate(make_report(shape=shape)), source="import")
+
+    try:
+        with factory() as session, session.begin():
+            store(session, "1x4096")
+        assert profile_builder.build_pending(factory, settings) == 1
+        late = factory()
+        late.begin()
+        store(late, "2x4096")
+        late.flush()  # its request has its id now; the transaction commits later
+        with factory() as session, session.begin():  # a newer request commits first
+            session.add(ProfileRequest(chip=CHIP))
+        refresh = series_summaries.SeriesCache.refresh
+
+        def then_commit(*args: Any, **kwargs: Any) -> Any:  # the build has read the stats: commit now
+            changed = refresh(*args, **kwargs)
+            if late.in_transaction():
+                late.commit()
+            return changed
+
+        monkeypatch.setattr(series_summaries.SeriesCache, "refresh", then_commit)
+        assert profile_builder.build_pending(factory, settings) == 1
+        late.close()
+        assert measured_shapes(factory, CHIP) == {"1x4096"}  # built before the late result committed ...
+        assert profile_builder.build_pending(factory, settings) == 1  # ... whose request is still queued
+        assert measured_shapes(factory, CHIP) == {"1x4096", "2x4096"}
+    finally:
+        engine.dispose()

@@ -162,6 +162,58 @@ def test_attribution_and_group_keys() -> None:
     assert attribute(a, b) == {"mlx_version": ["0.40.0", "0.41.0"]}
 
 
+def test_a_bad_pair_needs_a_third_run_which_a_step_passes_and_a_pair_does_not() -> None:
+    """Bad runs come alone and in pairs: two slower runs of +10 % reproduce a suspect but do not
+    settle it; a third run settles a step, and a third run back at the baseline dismisses a pair."""
+    step = base.online("step")
+    history = series([100.0] * 10, seed=4)
+    rng = np.random.default_rng(5)
+    first, second = run(110.0, rng), run(109.0, rng)
+    suspect = step.check(history, first, MIN_EFFECT)
+    assert suspect is not None and suspect.index == 10
+    joint = step.confirms([*history, first], suspect, second, MIN_EFFECT)
+    assert joint is not None and not step.settled(joint, 2)
+    seen = [*history, first, second]
+    settled = step.confirms(seen, suspect, run(110.5, rng), MIN_EFFECT)
+    assert settled is not None and step.settled(settled, 3) and 0.08 < settled.effect < 0.12
+    assert step.confirms(seen, suspect, run(100.5, rng), MIN_EFFECT) is None  # it was a bad pair
+    # a large effect on two runs is no bad pair
+    big = step.confirms([*history, run(130.0, rng)], suspect, run(131.0, rng), MIN_EFFECT)
+    assert big is not None and step.settled(big, 2)
+
+
+def test_a_regression_soon_after_an_improvement_is_found() -> None:
+    """-20 % at run 8, then +20 % at run 12: against the runs since the improvement, run 12 is a step
+    (against the median of all twelve, it looks like nothing), and its re-run confirms it."""
+    step = base.online("step")
+    levels = [100.0] * 8 + [80.0] * 4 + [96.0] * 4
+    runs = series(levels, seed=3)
+    finding = step.check(runs[:12], runs[12], MIN_EFFECT)
+    assert finding is not None and finding.index == 12 and 0.15 < finding.effect < 0.25
+    assert finding.baseline_indices == (8, 9, 10, 11)
+    joint = step.confirms(runs[:13], finding, runs[13], MIN_EFFECT)
+    assert joint is not None and joint.index == 12 and 0.15 < joint.effect < 0.25
+    # the improved level itself raises nothing
+    assert all(step.check(runs[:t], runs[t], MIN_EFFECT) is None for t in range(2, 12))
+
+
+def test_an_upgrade_with_an_os_update_on_some_chips_is_one_group() -> None:
+    """One MLX upgrade reaching two chips, one of which updated its OS at the same run: one group,
+    keyed by the MLX pair both share; the OS update stays in that chip's cause."""
+    rng = np.random.default_rng(12)
+    before = run(100.0, rng)
+    plain = attribute(before, run(112.0, rng, mlx_version="0.32.4"))
+    with_os = attribute(before, run(112.0, rng, mlx_version="0.32.4", os="macOS 15.2"))
+    assert with_os == {"mlx_version": ["0.32.3", "0.32.4"], "os": ["macOS 15.1", "macOS 15.2"]}
+    keys = {group_key("rmsnorm", (chip, "rmsnorm", "s", "d"), cause)
+            for chip, cause in (("Apple M3", plain), ("Apple M4", with_os))}
+    assert keys == {"mlx_version=0.32.3->0.32.4"}
+    assert describe(with_os) == "mlx_version: 0.32.3 -> 0.32.4, os: macOS 15.1 -> macOS 15.2"
+    # an OS update alone (on several chips) is a group of its own
+    os_only = attribute(before, run(112.0, rng, os="macOS 15.2"))
+    assert group_key("rmsnorm", ("Apple M3", "rmsnorm", "s", "d"), os_only) == "os=macOS 15.1->macOS 15.2"
+
+
 def test_locate_replaces_an_alert_at_the_most_likely_run_pair() -> None:
     from kernelfleet.service.regressions.locate import locate
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from conftest import Coordinator
 from coordinator_helpers import complete, create_campaign, enroll, lease, shapes
+
+# a coordinator process stopped and started mid-campaign
+pytestmark = pytest.mark.coordinator_process
 
 
 def test_restart_mid_campaign_loses_nothing(coordinator: Coordinator) -> None:

@@ -52,6 +52,7 @@ def test_serve_workers_share_leases_and_reap_once(two_processes: Coordinator) ->
         assert complete(a, second).status_code == 201
 
 
+@pytest.mark.coordinator_process  # replicas: one process each
 def test_two_replicas_share_nothing_but_the_database(coordinator_factory: Any) -> None:
     a, b = coordinator_factory(), coordinator_factory()  # two `kernelfleet serve` on one database
     create_campaign(a)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from conftest import Coordinator, free_port, kernelfleet_cmd
 from coordinator_helpers import make_report
 
@@ -127,7 +128,7 @@ def test_admin_cli_errors_are_clear(coordinator: Coordinator) -> None:
     cases = [
         (("admin", "campaign", "list"), "wrong", "401: invalid admin token"),
         (("admin", "campaign", "create", "--name", "x", "--kernel", "rmsnorm", "--shape", "8x8", "--dtype",
-          "float64"), coordinator.admin_token, "dtypes.0"),
+          "float64"), coordinator.admin_token, "--dtype 'float64': unknown dtype"),  # not "dtypes.0"
         (("admin", "workers", "revoke", "999"), coordinator.admin_token, "worker 999 does not exist"),
     ]
     for args, token, message in cases:
@@ -242,3 +243,73 @@ def test_local_worker_is_started_and_stopped_with_the_server(tmp_path: Path) -> 
         assert len(workers) == 1
     finally:
         _stop(proc)
+
+
+def _lock_held(db_url: str) -> bool:
+    """Whether a profile builder's lock is held on this database: a KernelFleet advisory lock
+    (pg_locks) on PostgreSQL, the builder's file lock beside the database on SQLite."""
+    import fcntl
+
+    from sqlalchemy import text
+    from sqlalchemy.engine import make_url
+
+    from kernelfleet.service.db import make_engine
+    from kernelfleet.service.locks import LOCK_CLASS
+
+    url = make_url(db_url)
+    if url.get_backend_name() == "sqlite":
+        db = Path(str(url.database))
+        with open(db.with_name(f"{db.name}.builder.lock"), "a+") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return False
+    engine = make_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            return bool(conn.scalar(text(
+                "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+                "WHERE l.locktype = 'advisory' AND l.classid = :c AND d.datname = current_database()"),
+                {"c": LOCK_CLASS}))
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.coordinator_process  # serve's own processes are the subject
+def test_serve_and_its_background_process_end_together(coordinator_factory, migrated_db_url: str  # type: ignore[no-untyped-def]
+                                                       ) -> None:
+    """A signal to serve alone (not its group, as a supervisor's `kill PID` sends) in the middle of a
+    profile build: within 5 s no kf-background is left, and no builder lock is held. (A build's pass
+    runs on a worker thread that asyncio.run used to wait for: minutes, with its locks.) One signal
+    per backend, to keep it quick: SIGTERM on SQLite, kill -9 on PostgreSQL."""
+    from sqlalchemy import text
+
+    from kernelfleet.service.db import make_engine
+
+    sig = signal.SIGTERM if migrated_db_url.startswith("sqlite") else signal.SIGKILL
+    coordinator = coordinator_factory(KERNELFLEET_PROFILE_BUILD_DELAY_SECONDS="120")
+    assert coordinator.proc is not None
+    background = _children_named(coordinator.proc.pid, "kf-background")
+    assert len(background) == 1
+    engine = make_engine(coordinator.db_url)
+    with engine.begin() as conn:  # a queued build: the builder takes the chip's lock, then sleeps in it
+        conn.execute(text("INSERT INTO profile_requests (chip, allow_predicted) VALUES ('Apple M4', true)"))
+    engine.dispose()
+    deadline = time.monotonic() + 20
+    while not _lock_held(coordinator.db_url):
+        assert time.monotonic() < deadline, "the background process never started the build"
+        time.sleep(0.05)
+
+    os.kill(coordinator.proc.pid, sig)
+    killed = time.monotonic()
+    coordinator.proc.wait(timeout=15)
+    coordinator.proc = None
+    while time.monotonic() - killed < 5 and (_alive_named(background[0], "kf-background")
+                                             or _lock_held(coordinator.db_url)):
+        time.sleep(0.05)
+    gone = time.monotonic() - killed
+    assert not _alive_named(background[0], "kf-background"), "kf-background outlived serve by 5 s"
+    assert not _lock_held(coordinator.db_url), "a lock outlived serve by 5 s"
+    print(f"{signal.Signals(sig).name}: kf-background and its lock gone {gone:.2f} s after the signal")

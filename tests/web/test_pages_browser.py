@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 WIDTHS = (390, 1280)
 M3 = quote("Apple M3 Max")
 
-EMPTY_PAGES = ["/", "/chips", "/kernels", "/compare", "/regressions", "/campaigns", "/profiles", "/login"]
+EMPTY_PAGES = ["/", "/chips", "/kernels", "/compare", "/regressions", "/campaigns", "/profiles", "/login",
+               "/workers/add"]
 EMPTY_ERRORS = ["/chips/Apple%20M9", "/kernels/rmsnorm", "/runs/7"]  # 404 pages share the layout
 
 

@@ -453,3 +453,16 @@ def test_serve_local_worker_enrolls_once_and_reuses_its_token(tmp_path: Path) ->
     assert len(enrolled) == 1 and token.read_text() == first_token
     assert "using the stored worker token" in log and "Traceback" not in log
     assert len(results(local)) == 5
+
+
+def test_the_agent_beats_when_the_coordinator_says() -> None:
+    """The heartbeat answer's next_heartbeat_seconds sets the next beat, kept within 0.2 s and a third
+    of the lease; a coordinator that does not say (older) leaves the third of the lease."""
+    from kernelfleet.worker.agent import next_interval
+
+    assert next_interval({"lease_expires_at": "x", "next_heartbeat_seconds": 27.5}, 40.0) == 27.5
+    assert next_interval({"next_heartbeat_seconds": 400}, 40.0) == 40.0  # never past a third of the lease
+    assert next_interval({"next_heartbeat_seconds": 0}, 40.0) == 0.2
+    for older in ({"lease_expires_at": "x"}, {"next_heartbeat_seconds": None},
+                  {"next_heartbeat_seconds": "soon"}, {"next_heartbeat_seconds": True}, None):
+        assert next_interval(older, 40.0) == 40.0

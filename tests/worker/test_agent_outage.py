@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from agent_support import (
     create_campaign,
     jobs,
@@ -26,6 +27,9 @@ from agent_support import (
     wait_for,
     workers,
 )
+
+# a coordinator process that goes away and comes back
+pytestmark = pytest.mark.coordinator_process
 
 # Long enough that a worker on a loaded 2-core CI machine delivers its spool within the one lease
 # period the restarted coordinator grants (service/reaper.py: grant_restart_grace).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
+from kernelfleet.chips import detect_chip
 from kernelfleet.kernels.catalog import get_spec
 from kernelfleet.worker.backends import (
     Backend,
@@ -16,7 +17,6 @@ from kernelfleet.worker.backends import (
     detect_backend,
     get_backend,
 )
-from kernelfleet.worker.chip import detect_chip
 
 
 def test_registry_names_and_lookup():

@@ -12,7 +12,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from kernelfleet.kernels.spec import KernelBuildError, KernelSpec, Tolerance, config_key
+from kernelfleet.kernels.spec import BUILTIN, KernelBuildError, KernelSpec, Tolerance, config_key
 from kernelfleet.worker.backends.base import Backend
 from kernelfleet.worker.golden import golden
 from kernelfleet.worker.measure import AllCandidatesFailed, Measurer
@@ -225,3 +225,54 @@ def test_a_round_far_too_short_resizes_the_rounds_after_it():
     trial = m.trials["v=1"]
     assert trial.launches_per_round > 1 and trial.resized >= 1
     assert len(trial.samples_us) == 3  # the short round's sample is kept
+
+
+class RenderedOnMetal(Composed):
+    """Offers a real catalog spec's Metal configs (their identity: the kernels they render for Metal)
+    and runs each as the spec's built-in on the CPU, counting the builds."""
+
+    @property
+    def kernel_backend(self) -> str:
+        return "metal"
+
+    def __init__(self) -> None:
+        self.built: list[str] = []
+
+    def build(self, spec, config, shape, dtype):
+        self.built.append(config_key(config))
+        return spec.builtin
+
+
+def test_identical_kernels_are_measured_once_and_every_config_keeps_its_row():
+    from kernelfleet.kernels.catalog import get_spec
+
+    spec = get_spec("rmsnorm")
+    shape, dtype = spec.test_shapes[0], "float32"
+    plain = {"tg": 32, "vec": 4, "rpg": 1}
+    configs = [dict(BUILTIN), plain, {**plain, "hint": 1}, {**plain, "hint": 2},
+               {"tg": 64, "vec": 4, "rpg": 1}]
+    be = RenderedOnMetal()
+    inputs = spec.make_inputs(shape, dtype, 0)
+    m = Measurer(spec, be, shape, dtype, inputs, spec.reference(inputs), configs, seed=0, min_round_s=1e-4)
+    keys = list(m.trials)
+    # the hint renders identical Metal source: one identity for the three
+    ids = {k: be.kernel_identity(spec, m.trials[k].config, shape, dtype, inputs) for k in keys}
+    assert ids["builtin"] is None
+    assert ids[keys[1]] == ids[keys[2]] == ids[keys[3]] != ids[keys[4]]
+    medians = m.measure(keys, 3)
+    assert be.built == ["builtin", keys[1], keys[4]]  # each distinct kernel built, checked and timed once
+    rows = {t.key: t.to_report() for t in m.touched()}
+    assert list(rows) == keys  # ... and every config still has its row
+    for k in keys[2:4]:
+        assert rows[k]["shares_measurement_with"] == keys[1]
+        assert rows[k]["status"] == "ok" and rows[k]["samples_us"] == rows[keys[1]]["samples_us"]
+        assert medians[k] == medians[keys[1]]
+    assert "shares_measurement_with" not in rows[keys[1]]
+    assert "shares_measurement_with" not in rows[keys[4]]
+    assert rows[keys[1]]["n"] == 3  # three rounds, not nine: the shared kernel ran once a round
+    from kernelfleet.service.schemas import ReportTrial  # the coordinator takes the marked rows
+
+    assert ReportTrial.model_validate(rows[keys[2]]).shares_measurement_with == keys[1]
+    # a search that keeps only a sharer still times the kernel (through the candidate measured)
+    m.measure([keys[3]], 2)
+    assert rows[keys[1]]["n"] + 2 == m.trials[keys[3]].to_report()["n"] == 5

@@ -13,10 +13,10 @@ import pytest
 
 from kernelfleet.kernels.catalog import get_spec
 from kernelfleet.kernels.spec import config_key
-from kernelfleet.kernels.testing.emu_backend import MetalEmuBackend
 from kernelfleet.kernels.testing.msl_clang import clang_path
 from kernelfleet.service.schemas import TuningReport
 from kernelfleet.worker.backends.metal import MetalBackend, threadgroup_limit_reason
+from kernelfleet.worker.backends.metal_emu import MetalEmuBackend
 from kernelfleet.worker.report import report_problems
 from kernelfleet.worker.tuner import tune_spec
 

@@ -20,10 +20,10 @@ import httpx
 import numpy as np
 import pytest
 
-from kernelfleet.kernels import profile_file
 from kernelfleet.kernels.catalog import ZMLX_NAMES, all_specs, get_spec
-from kernelfleet.kernels.launch import capture
-from kernelfleet.kernels.spec import config_key, format_shape
+from kernelfleet.kernels.patch import profile_file
+from kernelfleet.kernels.render.launch import capture
+from kernelfleet.kernels.spec import BUILTIN, config_key, format_shape
 from kernelfleet.worker.zmlx_cache import launch_entries, zmlx_entries
 
 M3_MAX = "Apple M3 Max"
@@ -263,8 +263,8 @@ def test_pull_installs_profile_and_zmlx_reads_it(
 
 
 def test_pull_auto_feeds_the_kernels_runtime(coordinator: Any, dirs: dict[str, str]) -> None:
-    from kernelfleet.kernels import runtime
-    from kernelfleet.worker.chip import detect_chip
+    from kernelfleet.chips import detect_chip
+    from kernelfleet.kernels.patch import runtime
 
     chip = detect_chip().name
     rng = np.random.default_rng(1)
@@ -347,11 +347,13 @@ def test_zmlx_entries_from_shape_only_inputs_match_real_inputs(kernel: str) -> N
     """Pull captures each config's launch on shape-only placeholder inputs (no data generated); the
     entries are exactly those the seeded inputs give."""
     spec = get_spec(kernel)
-    module = importlib.import_module(f"kernelfleet.kernels.{kernel}_kernel")
+    module = importlib.import_module(f"kernelfleet.kernels.catalog.{kernel}_kernel")
     for kind in ("decode", "large"):
         full = tuple(spec.shapes[kind][0])
         shape = (min(full[0], 64), *full[1:])  # seeded inputs of a large shape take seconds to make
         config = spec.default_config(shape, "float16")
+        if config == BUILTIN:  # MLX's op by default (quantized matmul at 8 < M < 256): our first config
+            config = dict(spec.space(shape, "float16")[0])
         with capture() as records:
             module.make(config, "metal", shape, "float16")(spec.make_inputs(shape, "float16", 0))
         expected = {
@@ -413,7 +415,7 @@ def test_zmlx_device_key_is_zmlx_s_own(monkeypatch: pytest.MonkeyPatch) -> None:
     import mlx.core as mx
     import zmlx.autotune as za
 
-    from kernelfleet.service.chips import TABLE
+    from kernelfleet.chips import TABLE
     from kernelfleet.worker.zmlx_cache import device_key
 
     apple = [row.name for row in TABLE if row.backend == "metal"]
@@ -435,7 +437,7 @@ def test_zmlx_get_autotuned_config_returns_the_pulled_config(
     import zmlx.autotune as za
     from zmlx.kernels import norms
 
-    from kernelfleet.kernels.zmlx_family import RMS_EPS
+    from kernelfleet.kernels.zmlx.family import RMS_EPS
 
     shapes = ["1x4096", "32x4096"]
     post_through_leases(coordinator, M3_MAX, "metal", shapes, np.random.default_rng(5),
@@ -506,7 +508,7 @@ def test_zmlx_entries_are_what_zmlx_itself_saves(
     launch zmlx's function makes (its search stubbed to answer it); shape-only inputs give the same."""
     import zmlx.autotune as za
 
-    from kernelfleet.kernels.zmlx_capture import capture
+    from kernelfleet.kernels.zmlx.capture import capture
 
     spec = get_spec(kernel)
     shape = (5, 1000)

@@ -9,6 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from kernelfleet.chips import detect_chip
 from kernelfleet.kernels.catalog import all_specs, get_spec
 from kernelfleet.kernels.spec import (
     BadShape,
@@ -19,7 +20,6 @@ from kernelfleet.kernels.spec import (
     UnsupportedDtype,
 )
 from kernelfleet.worker.backends.base import Backend
-from kernelfleet.worker.chip import detect_chip
 from kernelfleet.worker.golden import digest, flatten_float32
 from kernelfleet.worker.measure import AllCandidatesFailed
 from kernelfleet.worker.report import report_problems

@@ -9,11 +9,11 @@ from concurrent.futures import Future
 
 import mlx.core as mx
 
-from kernelfleet.kernels import cuda_precompile
+from kernelfleet.chips import detect_chip
 from kernelfleet.kernels.common import shapes_only
+from kernelfleet.kernels.render import cuda_precompile
 from kernelfleet.kernels.spec import Config, KernelBuildError, KernelSpec, Shape, config_key
 from kernelfleet.worker.backends.base import Backend
-from kernelfleet.worker.chip import detect_chip
 
 PRECOMPILE_ENV = "KERNELFLEET_CUDA_PRECOMPILE"  # "0": compile each kernel at its first launch, as MLX does
 
@@ -29,7 +29,7 @@ class CudaBackend(Backend):
     def precompile(self, spec: KernelSpec, configs: Sequence[Config], shape: Shape, dtype: str,
                    seed: int) -> Future[str] | None:
         """NVRTC-compile the custom configs' kernels, all at once in a pool of processes, into MLX's
-        PTX cache (:mod:`kernelfleet.kernels.cuda_precompile`) while the caller goes on (the tuner
+        PTX cache (:mod:`kernelfleet.kernels.render.cuda_precompile`) while the caller goes on (the tuner
         makes its inputs and reference meanwhile). The launches are captured here, on the caller's
         thread, with inputs of the right shapes and dtypes that hold nothing (``shapes_only``: numpy
         takes seconds for a large shape); a helper thread only waits for the pool and writes files."""

@@ -1,0 +1,252 @@
+"""Quantized matmul on this GPU: the catalog's ``quantized_matmul`` configs against MLX's own op, MLX's
+``dequantize`` + GEMM, the dense GEMM on the same weights, torch's dense GEMM, and the copy bandwidth.
+
+    python benchmarks/quantized.py --out results/new/quantized.txt --rows-jsonl results/new/quantized.jsonl
+    python benchmarks/quantized.py --shapes 1x4096x14336x4x64,2048x4096x14336x4x64 --configs default
+
+Shapes are ``M x K x N x bits x group`` (the spec's decode and large lists by default). Per shape:
+
+- the weights come in several copies, together at least ``--min-mb`` (default 256 MB, five times an
+  H100's 50 MB L2), and each launch takes the next copy, so every launch reads its weights from DRAM as a
+  model's layers do (one copy of a 4096x14336 q4 weight, 33 MB, fits the L2 and would time the cache);
+- every contender's output is checked against the float32 reference first (the spec's tolerance); one
+  that fails is reported, not timed;
+- timing: rounds of K queued launches between synchronizations (a round >= 4 ms), every contender once
+  per round in a shuffled order, the median over ``--rounds`` rounds;
+- columns: µs per call, bytes moved (``spec.bytes_moved``) per second and its share of the measured copy
+  bandwidth (at decode sizes, where the weights' bytes bound the time), TFLOP/s and its share of the dense
+  GEMM's (at prefill sizes, where the tensor cores bound it), and MLX's op time over each contender's.
+
+``--configs all`` (default) times every config of the spec's space at the shape (compiled ahead in a pool
+of NVRTC processes on CUDA) and prints the best few; ``default`` times the spec's default only.
+Imports only mlx, numpy (torch when present) and the kernelfleet kernels/worker packages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("MLX_ENABLE_CACHE_THRASHING_CHECK", "0")
+
+import mlx.core as mx  # noqa: E402
+
+from kernelfleet.chips import detect_chip  # noqa: E402
+from kernelfleet.kernels.catalog import (
+    affine,  # noqa: E402
+    get_spec,  # noqa: E402
+)
+from kernelfleet.kernels.render.launch import compiled_call  # noqa: E402
+from kernelfleet.kernels.spec import Config, KernelSpec, Shape, config_key, format_shape, parse_shape  # noqa: E402
+from kernelfleet.worker.backends.registry import detect_backend, get_backend  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("kf_bench_kernels", Path(__file__).with_name("kernels.py"))
+assert _spec and _spec.loader
+bench: Any = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)  # the copy bandwidth the kernel table measures against, and torch's peers
+peers: Any = bench.peers
+
+KERNELS = ("quantized_matmul", "gather_quantized_matmul")
+Call = Callable[[int], Any]  # copy index -> one launch's output (MLX array or torch tensor)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def copies_for(shape: Shape, dtype: str, min_mb: float) -> int:
+    k, n, bits, group = shape[1], math.prod(shape[2:-2]), shape[-2], shape[-1]  # a gather's N x E rows
+    return max(1, min(16, math.ceil(min_mb * 1e6 / affine.weight_bytes(n, k, bits, group, dtype))))
+
+
+def interleaved(calls: dict[str, tuple[Call, str]], copies: int, k: int, rounds: int, seed: int
+                ) -> dict[str, float]:
+    """Median seconds per launch of each contender (``benchmarks/kernels.py``'s interleaved rounds), each
+    launch taking the next weight copy."""
+    def cycling(call: Call) -> Callable[[], Any]:
+        turn = itertools.count()
+        return lambda: call(next(turn) % copies)
+
+    fns = {label: (cycling(call), kind) for label, (call, kind) in calls.items()}
+    return dict(bench._interleaved(fns, k, rounds, seed))
+
+
+Fn = Callable[[list[mx.array]], list[mx.array]]
+
+
+def peers_of(name: str, shape: Shape) -> tuple[dict[str, Fn], Callable[[list[mx.array]], mx.array]]:
+    """MLX's own ways to run the kernel (besides its built-in), and the dense weights of one input set (the
+    GEMM on them is the roofline at prefill)."""
+    bits, group = shape[-2], shape[-1]
+    if name == "quantized_matmul":
+        def dq_mm(s: list[mx.array]) -> list[mx.array]:
+            return [mx.matmul(s[0], mx.dequantize(s[1], s[2], s[3], group_size=group, bits=bits).T)]
+
+        return {"mlx dequantize+matmul": dq_mm}, lambda s: affine.reference_dequantize(*s[1:4], bits, group)
+    t, k, n, e = shape[:4]
+
+    def dq_gather(s: list[mx.array]) -> list[mx.array]:
+        w = mx.dequantize(s[1], s[2], s[3], group_size=group, bits=bits)
+        return [mx.gather_mm(s[0][:, None, :], w.swapaxes(-1, -2), rhs_indices=s[4])]  # sorted: wrong on CUDA
+
+    def dense(s: list[mx.array]) -> mx.array:
+        rows = [a.reshape(e * n, -1) for a in s[1:4]]
+        return affine.reference_dequantize(*rows, bits, group).reshape(e, n, k)
+
+    return {"mlx dequantize+gather_mm": dq_gather}, dense
+
+
+def bench_shape(spec: KernelSpec, shape: Shape, dtype: str, backend: str, args: argparse.Namespace,
+                limit_gbs: float) -> list[dict[str, Any]]:
+    gather = spec.name == "gather_quantized_matmul"
+    m, k, n = shape[:3]
+    copies = copies_for(shape, dtype, args.min_mb)
+    configs: list[Config] = (spec.space(shape, dtype) if args.configs == "all"
+                             else [spec.default_config(shape, dtype)])
+    configs = [c for c in configs if config_key(c) != "builtin"]
+    runner = get_backend(backend)
+    ahead = runner.precompile(spec, configs, shape, dtype, 0) if backend == "cuda" else None
+    sets = [spec.make_inputs(shape, dtype, seed) for seed in range(copies)]
+    x = sets[0][0]
+    for s in sets:
+        s[0] = x
+        if gather:
+            s[4] = sets[0][4]
+    mx.eval(sets)
+    ref = spec.reference(sets[0])
+    mx.eval(ref)
+    mlx_peers, dense_of = peers_of(spec.name, shape)
+    dense = [dense_of(s).astype(x.dtype) for s in sets]
+    mx.eval(dense)
+    if ahead is not None:
+        log(f"{format_shape(shape)}: {ahead.result()}")
+
+    def mlx_call(fn: Fn) -> Call:
+        return lambda i: fn(sets[i])[0]
+
+    builtin_name = "mlx " + ("gather_qmm" if gather else "quantized_matmul")
+    fns: dict[str, Fn] = {builtin_name: spec.builtin, **mlx_peers}
+    for c in configs:
+        fns["ours " + config_key(c)] = compiled_call(spec.build(c, backend, shape, dtype))
+    calls: dict[str, tuple[Call, str]] = {}
+    failed: dict[str, str] = {}
+    for label, fn in fns.items():
+        try:
+            out = fn(sets[0])
+            mx.eval(out)
+        except Exception as e:  # a config this GPU cannot run is reported, the rest go on
+            failed[label] = f"{type(e).__name__}: {str(e)[:160]}"
+            continue
+        cmp = spec.compare([out[0].reshape(ref[0].shape)], ref, dtype)
+        if not cmp.ok:
+            failed[label] = cmp.detail
+            continue
+        calls[label] = (mlx_call(fn), "mlx")
+    if gather:
+        idx = sets[0][4]
+        calls["mlx dense gather_mm"] = (lambda i: mx.gather_mm(x[:, None, :], dense[i].swapaxes(-1, -2),
+                                                                rhs_indices=idx), "mlx")
+    else:
+        calls["mlx dense matmul"] = (lambda i: mx.matmul(x, dense[i].T), "mlx")
+    torch_ok, torch_note = peers.available()
+    if torch_ok and not gather:
+        tx = peers._to_torch(x)
+        tw = [peers._to_torch(d) for d in dense]
+        calls["torch dense matmul"] = (lambda i: peers.torch.matmul(tx, tw[i].T), "torch")
+    for label, why in failed.items():
+        log(f"{format_shape(shape)} {label}: FAILED {why}")
+    probe = bench.time_fn(lambda: spec.builtin(sets[0])[0], launches=5, rounds=3)
+    k_launches = peers.launches_for(probe)
+    # screen every config, then time the finalists with the peers in full rounds
+    ours = [lb for lb in calls if lb.startswith("ours ")]
+    if len(ours) > args.finalists:
+        screen = interleaved({lb: calls[lb] for lb in ours}, copies, k_launches, 3, args.seed)
+        keep = set(sorted(ours, key=screen.__getitem__)[:args.finalists])
+        calls = {lb: v for lb, v in calls.items() if not lb.startswith("ours ") or lb in keep}
+    times = interleaved(calls, copies, k_launches, args.rounds, args.seed)
+    nbytes = spec.bytes_moved(shape, dtype)
+    flops = 2.0 * m * k * n
+    dense_s = times["mlx dense " + ("gather_mm" if gather else "matmul")]
+    base = times.get(builtin_name)
+    rows = []
+    for label, sec in sorted(times.items(), key=lambda t: t[1]):
+        rows.append({
+            "kernel": spec.name, "shape": format_shape(shape), "dtype": dtype, "contender": label,
+            "us": sec * 1e6, "gbs": nbytes / sec / 1e9, "pct_copy": 100 * nbytes / sec / 1e9 / limit_gbs,
+            "tflops": flops / sec / 1e12, "pct_dense": 100 * dense_s / sec,
+            "vs_mlx": (base / sec) if base else None, "copies": copies, "launches": k_launches,
+            "rounds": args.rounds, "torch": torch_note,
+        })
+    return rows
+
+
+def fmt(rows: Sequence[dict[str, Any]]) -> str:
+    head = (f"{'shape':24} {'contender':36} {'µs':>9} {'GB/s':>7} {'%copy':>6} {'TFLOP/s':>8} {'%dense':>7} "
+            f"{'mlx/x':>6}")
+    out = [head, "-" * len(head)]
+    for r in rows:
+        vs = f"{r['vs_mlx']:.2f}x" if r["vs_mlx"] else "-"
+        out.append(f"{r['shape']:24} {r['contender'][:36]:36} {r['us']:9.1f} {r['gbs']:7.0f} "
+                   f"{r['pct_copy']:5.0f}% {r['tflops']:8.1f} {r['pct_dense']:6.0f}% {vs:>6}")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kernel", choices=KERNELS, default=KERNELS[0])
+    ap.add_argument("--shapes", help="comma-separated shapes of --kernel, e.g. MxKxNxBITSxGROUP for "
+                    "quantized_matmul (default: the spec's decode + large)")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--configs", choices=("all", "default"), default="all")
+    ap.add_argument("--finalists", type=int, default=4, help="configs timed in full rounds beside the peers")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--min-mb", type=float, default=256.0, help="weight copies per shape add up to this")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", help="write the table here too")
+    ap.add_argument("--rows-jsonl", help="append each row here as JSON")
+    args = ap.parse_args(argv)
+    spec = get_spec(args.kernel)
+    backend = detect_backend().name
+    chip = detect_chip()
+    if backend not in ("cuda", "metal"):
+        print(f"no GPU backend here ({backend}): this benchmark needs CUDA or Metal", file=sys.stderr)
+        return 2
+    shapes = ([parse_shape(s) for s in args.shapes.split(",")] if args.shapes
+              else [*spec.shapes["decode"], *spec.shapes["large"]])
+    for shape in shapes:
+        spec.validate_shape(shape)
+    bw = bench.copy_bandwidth(backend)
+    limit = bw["limit"]
+    title = (f"{spec.name} on {chip.name} ({backend}), MLX {mx.__version__}, {args.dtype}; copy limit "
+             f"{limit:.0f} GB/s ({', '.join(f'{k} {v:.0f}' for k, v in bw.items() if k != 'limit')})")
+    log(title)
+    rows: list[dict[str, Any]] = []
+    for shape in shapes:
+        t0 = time.perf_counter()
+        got = bench_shape(spec, shape, args.dtype, backend, args, limit)
+        rows += got
+        log(f"{format_shape(shape)} done in {time.perf_counter() - t0:.0f} s\n{fmt(got)}")
+        if args.rows_jsonl:
+            with open(args.rows_jsonl, "a") as f:
+                for r in got:
+                    f.write(json.dumps({"chip": chip.name, "mlx": mx.__version__, **r}) + "\n")
+        peers.release()
+    text = title + "\n" + fmt(rows)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

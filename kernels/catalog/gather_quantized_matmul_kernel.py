@@ -1,0 +1,129 @@
+"""Gathered quantized matmul, the mixture-of-experts form: what mlx-lm's ``QuantizedSwitchLinear`` computes
+with ``mx.gather_qmm`` when its tokens come sorted by expert (``SwitchGLU`` sorts once 64 or more (token,
+expert) pairs are routed: prefill).
+
+Shape ``T x K x N x E x bits x group``: ``T`` (token, expert) pairs, ``K`` input and ``N`` output features,
+``E`` experts, ``bits`` 4 or 8, ``group`` 32, 64 or 128 (:mod:`kernelfleet.kernels.catalog.affine`).
+Inputs: ``x`` ``(T, K)``, ``w_q`` uint32 ``(E, N, K * bits / 32)``, ``scales`` and ``biases``
+``(E, N, K / group)``, and ``indices`` uint32 ``(T,)`` sorted ascending; output
+``out[t] = x[t] @ w[indices[t]].T``, ``(T, N)``.
+Built-in: ``mx.gather_qmm(..., transpose=True, sorted_indices=True)``.
+
+Custom configs (``path`` ``dq``): the dequantize kernel (``affine.DEQUANT_BODY``) writes every expert's
+weights in ``x``'s dtype, then MLX's ``mx.gather_mm`` runs the grouped GEMM on them (not told the pairs are
+sorted: on an H100, MLX 0.32.4's sorted gather_mm returned wrong results here, and so did the catalog's
+first version of this path, 11.7x faster than gather_qmm and wrong; the unsorted call is not yet timed).
+Its cost is one pass over all experts per call, so it can pay only at prefill sizes, where the GEMMs
+dominate, never at decode (the profile keeps MLX's op there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from ..common import DTYPES, ITEMSIZE, need_rank, normal, rng
+from ..render.dialect import source_version
+from ..spec import BadShape, Config, GpuBackend, KernelFn, KernelSpec, Shape
+from . import affine, elementwise
+from .quantized_matmul_kernel import DQ_TGS, DQ_VECS
+
+
+def _check(shape: Shape) -> None:
+    need_rank("gather_quantized_matmul", shape, 6, "pairs x in x out x experts x bits x group")
+    t, k, n, e, bits, group = shape
+    affine.check_format("gather_quantized_matmul", k, bits, group)
+    if e < 1:
+        raise BadShape("gather_quantized_matmul: at least one expert")
+
+
+def space(shape: Shape, dtype: str) -> list[Config]:
+    t, k, n, e, bits, group = shape
+    words_per_group = group * bits // 32
+    return [{"path": "dq", "vw": vec, "tg": tg} for vec in DQ_VECS for tg in DQ_TGS
+            if words_per_group % vec == 0]
+
+
+def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str) -> KernelFn:
+    t, k, n, e, bits, group = shape
+    dq = {"tg": int(config["tg"]), "vec": int(config["vw"]), "ipt": 1}
+
+    def dequant_gather(inputs: Sequence[mx.array]) -> list[mx.array]:
+        x, wq, sc, bi, idx = inputs
+        w = affine.dequantize(dq, backend, wq, sc.astype(x.dtype), bi.astype(x.dtype), bits, group)
+        w = w.reshape(e, n, k)
+        # unsorted: MLX 0.32.4's CUDA gather_mm with sorted_indices=True gave wrong results for this call
+        # (max error 5.4 on unit-scale outputs, float32 and bfloat16, transposed or contiguous B; H100)
+        out = mx.gather_mm(x[:, None, :], w.swapaxes(-1, -2), rhs_indices=idx)
+        return [out.reshape(t, n)]
+
+    return dequant_gather
+
+
+def _format(inputs: Sequence[mx.array]) -> tuple[int, int]:
+    x, wq, sc = inputs[0], inputs[1], inputs[2]
+    k = int(x.shape[-1])
+    return 32 * int(wq.shape[-1]) // k, k // int(sc.shape[-1])
+
+
+def reference(inputs: Sequence[mx.array]) -> list[mx.array]:
+    x, wq, sc, bi, idx = inputs
+    bits, group = _format(inputs)
+    e, n = int(wq.shape[0]), int(wq.shape[1])
+    w = affine.reference_dequantize(wq.reshape(e * n, -1), sc.reshape(e * n, -1), bi.reshape(e * n, -1),
+                                    bits, group).reshape(e, n, -1)
+    # gather_mm in float32 (indexing w by every pair would hold T x N x K values: 103 GB at 16384 pairs)
+    out = mx.gather_mm(x.astype(mx.float32)[:, None, :], w.swapaxes(-1, -2), rhs_indices=idx)
+    return [out.reshape(x.shape[0], n)]
+
+
+def builtin(inputs: Sequence[mx.array]) -> list[mx.array]:
+    x, wq, sc, bi, idx = inputs
+    bits, group = _format(inputs)
+    out = mx.gather_qmm(x[:, None, :], wq, sc, bi, rhs_indices=idx, transpose=True, group_size=group,
+                        bits=bits, sorted_indices=True)
+    return [out.reshape(x.shape[0], -1)]
+
+
+def make_inputs(shape: Shape, dtype: str, seed: int) -> list[mx.array]:
+    _check(shape)
+    t, k, n, e, bits, group = shape
+    wq, sc, bi = affine.random_weights(e * n, k, bits, group, dtype, seed, salt=1)
+    idx = np.sort(rng(seed, 2).integers(0, e, size=t)).astype(np.uint32)
+    return [normal((t, k), dtype, seed), wq.reshape(e, n, -1), sc.reshape(e, n, -1), bi.reshape(e, n, -1),
+            mx.array(idx)]
+
+
+def bytes_moved(shape: Shape, dtype: str) -> int:
+    t, k, n, e, bits, group = shape
+    used = min(e, t)  # experts a call can touch
+    return affine.weight_bytes(used * n, k, bits, group, dtype) + (t * k + t * n) * ITEMSIZE[dtype] + 4 * t
+
+
+SPEC = KernelSpec(
+    name="gather_quantized_matmul",
+    description="MoE experts in MLX's affine format (tokens sorted by expert): dequantize + gather_mm",
+    dtypes=DTYPES,
+    shape_doc="pairs x in x out x experts x bits x group",
+    shapes={
+        # Qwen3-30B-A3B's experts (hidden 2048, expert width 768, 128 experts, 8 per token)
+        "decode": [(64, 2048, 768, 128, 4, 64), (64, 768, 2048, 128, 4, 64)],
+        "large": [(16384, 2048, 768, 128, 4, 64), (16384, 768, 2048, 128, 4, 64),
+                  (4096, 2048, 768, 128, 4, 64)],
+    },
+    make_inputs=make_inputs,
+    reference=reference,
+    builtin=builtin,
+    space=space,
+    build=make,
+    tolerances=affine.MATMUL_TOLERANCES,
+    bytes_moved=bytes_moved,
+    version=source_version(__file__, affine.__file__, elementwise.__file__),
+    validate_shape=_check,
+    test_shapes=[(24, 128, 16, 4, 4, 64), (9, 256, 8, 3, 8, 32)],
+    default=lambda shape, dtype: {"path": "dq", "vw": 1, "tg": 256},
+    # x, the output, and the dq path's dense weights of every expert
+    largest_tensor=lambda s: max(s[0] * s[1], s[0] * s[2], s[3] * s[2] * s[1]),
+)

@@ -1,0 +1,227 @@
+"""Quantized layers for :func:`kernelfleet.patch`: ``mlx.nn.QuantizedLinear`` through the catalog's
+``quantized_matmul``, picked per call by M, the tokens in the call.
+
+A ``QuantizedLinear`` holds MLX's affine format: ``weight`` (uint32, N x K*bits/32), ``scales`` and
+``biases`` (N x K/group_size), an optional ``bias`` (N). Its call is
+``mx.quantized_matmul(x, weight, scales, biases, transpose=True, group_size, bits, mode)`` over every
+leading dimension of ``x``, then ``+ bias``. The patch matches the class exactly (a subclass keeps
+its own code) and only where the source of its ``__call__`` is that computation. A layer in another
+format (mode, bits, group size, packing) keeps MLX's op and the report says why.
+
+The kernel's shape is ``M x K x N x bits x group_size`` with M the product of ``x``'s leading
+dimensions, so a decode step (M = batch), a draft-verify or batched call (M = 2..32) and a prefill
+(M = tokens) each find their own profile entry. Each (input shape, dtype) is resolved once, on the
+first call of that shape (:func:`bind`): the profile's config, the runner from
+:func:`kernelfleet.kernels.patch.runtime.resolve`, and one ``mx.compile``d graph of ``x`` reshaped to
+``(M, K)``, the kernel and the output reshaped back, shared by every layer of the same shape. A later
+call is a dictionary lookup (:func:`kernelfleet.kernels.patch.model_patterns.wrap`), the counts of the
+report and the graph's replay; where the profile has no custom config at that M, the layer's own
+``__call__`` runs.
+
+mlx-lm's ``QuantizedSwitchLinear`` (MoE experts, ``mx.gather_qmm``) is not routed yet: a
+``gather_quantized_matmul`` kernel would take it as one more pattern here, with the experts' indices
+as an input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..common import prod
+from ..render.launch import interceptor
+from ..spec import Shape
+from .model_patterns import Call, Router, Site, source_has
+
+KERNEL = "quantized_matmul"
+GATHER = "gather_quantized_matmul"
+MODE = "affine"
+BITS = (4, 8)
+GROUP_SIZES = (32, 64, 128)
+FLOATS = (mx.float16, mx.bfloat16, mx.float32)
+
+# mlx.nn.QuantizedLinear.__call__ as this patch replaces it (MLX 0.32)
+QUANTIZED_LINEAR_LINES = (
+    'x = mx.quantized_matmul( x, self["weight"], scales=self["scales"], biases=self.get("biases"), '
+    "transpose=True, group_size=self.group_size, bits=self.bits, mode=self.mode, )",
+    'if "bias" in self: x = x + self["bias"]',
+    "return x",
+)
+
+
+def format_refusal(mode: Any, bits: Any, group: Any) -> str | None:
+    """Why ``quantized_matmul`` cannot take weights quantized this way (None: it can)."""
+    if mode != MODE:
+        return f"mode {mode!r} (quantized_matmul takes {MODE!r})"
+    if bits not in BITS:
+        return f"{bits}-bit (quantized_matmul takes {' or '.join(map(str, BITS))} bits)"
+    if group not in GROUP_SIZES:
+        return f"group size {group} (quantized_matmul takes {', '.join(map(str, GROUP_SIZES))})"
+    return None
+
+
+def layer_format(m: nn.Module, experts: bool = False) -> tuple[int, int, int, int, int] | str:
+    """(K, N, E, bits, group_size) of a ``QuantizedLinear`` (E 0) or, ``experts``, of mlx-lm's
+    ``QuantizedSwitchLinear`` (E experts), or why the catalog's kernel cannot take it."""
+    mode, bits, group = getattr(m, "mode", None), getattr(m, "bits", None), getattr(m, "group_size", None)
+    refusal = format_refusal(mode, bits, group)
+    if refusal is not None:
+        return refusal
+    assert isinstance(bits, int) and isinstance(group, int)
+    if experts and getattr(m, "global_scale", None) is not None:
+        return "a global scale (nvfp4's)"
+    w, scales, biases = m.get("weight"), m.get("scales"), m.get("biases")
+    if biases is None:
+        return "no biases (affine quantization has them)"
+    rank = 3 if experts else 2
+    if not (isinstance(w, mx.array) and isinstance(scales, mx.array) and isinstance(biases, mx.array)) \
+            or not w.ndim == scales.ndim == biases.ndim == rank or w.dtype != mx.uint32:
+        return f"weight, scales and biases are not MLX's packed {rank}-D layout"
+    lead, n, k = tuple(w.shape[:-2]), int(w.shape[-2]), int(w.shape[-1]) * 32 // bits
+    if k % group or tuple(scales.shape) != (*lead, n, k // group) or tuple(biases.shape) != scales.shape \
+            or scales.dtype not in FLOATS or biases.dtype != scales.dtype:
+        return f"scales or biases {tuple(scales.shape)} do not match a {n} x {k} weight in groups of {group}"
+    bias = m.get("bias")
+    if bias is not None and (experts or not isinstance(bias, mx.array) or tuple(bias.shape) != (n,)):
+        shape = tuple(getattr(bias, "shape", ()))
+        return f"a bias of shape {shape} (the patch adds a bias of {n} to a linear layer)"
+    return k, n, int(lead[0]) if experts else 0, bits, group
+
+
+def _format_label(m: nn.Module) -> str:
+    return f"{getattr(m, 'bits', '?')}-bit, group {getattr(m, 'group_size', '?')}, {getattr(m, 'mode', '?')}"
+
+
+def describe(shape: Shape) -> str:
+    return f"M={shape[0]}"
+
+
+def quantized_linear(m: nn.Module) -> Site | None:
+    """``mlx.nn.QuantizedLinear``: its quantized matmul (the bias is added after it, as MLX does)."""
+    if type(m) is not nn.QuantizedLinear:
+        return None
+    fmt = layer_format(m)
+    if isinstance(fmt, str):
+        return Site("quantized linear", {}, _format_label(m), lambda shape: [], None,
+                    refusal=f"kept MLX's op: {fmt}")
+    if not source_has(nn.QuantizedLinear, *QUANTIZED_LINEAR_LINES):
+        return Site("quantized linear", {}, f"{fmt[0]} -> {fmt[1]}", lambda shape: [], None,
+                    refusal="kept MLX's op: mlx.nn.QuantizedLinear.__call__ is not the computation this "
+                            f"patch replaces (MLX {getattr(mx, '__version__', '?')})")
+    k, n, _, bits, group = fmt
+    tail = (k, n, bits, group)
+
+    def bind(router: Router, shape: tuple[int, ...], dt: Any, own: Call) -> Call | None:
+        if not shape or shape[-1] != k:
+            return None
+        rows = prod(shape[:-1])
+        call = (KERNEL, (rows, *tail), dt)
+        if not router.picks(call):
+            return None
+        counter, runner = router.resolved(*call, {})
+        graph_key = (runner, shape)  # the runner: resolved once per process for its plain values
+        graph = router.shared.get(graph_key)
+        if graph is None:
+            graph = router.shared[graph_key] = _graph(runner, shape, rows, k, n)
+        return _call(counter, runner, graph, rows, k, n, shape)
+
+    return Site("quantized linear", {KERNEL: lambda s: len(s) == 5 and s[1:] == tail},
+                f"{k} -> {n}, {bits}-bit, group {group}", lambda shape: [(KERNEL, (prod(shape[:-1]), *tail))],
+                None, bind=bind, describe=describe, single_input=True)
+
+
+def _graph(runner: Any, shape: tuple[int, ...], rows: int, k: int, n: int) -> Any:
+    """The kernel on ``x`` of ``shape``: reshaped to (M, K), run, reshaped back, plus the layer's
+    ``bias`` where it has one; one ``mx.compile``d graph, so the reshapes and the add cost no host
+    time per call (the runner's own graph is traced into it)."""
+    lead = shape[:-1]
+
+    def fn(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, *bias: mx.array) -> mx.array:
+        out: mx.array = runner([x.reshape(rows, k), w, scales, biases])[0].reshape(*lead, n)
+        return out + bias[0] if bias else out
+    return mx.compile(fn)
+
+
+def _call(counter: list[int], runner: Any, graph: Any, rows: int, k: int, n: int, shape: Sequence[int]
+          ) -> Call:
+    lead = tuple(shape[:-1])
+
+    def call(self: Any, x: mx.array) -> mx.array:
+        counter[0] += 1
+        if interceptor() is not None:  # launches recorded (launch.capture): the plain path, no trace
+            y = runner([x.reshape(rows, k), self["weight"], self["scales"], self["biases"]])[0]
+            return y.reshape(*lead, n) + self["bias"] if "bias" in self else y.reshape(*lead, n)
+        if "bias" in self:
+            return graph(x, self["weight"], self["scales"], self["biases"], self["bias"])
+        return graph(x, self["weight"], self["scales"], self["biases"])
+    return call
+
+
+# mlx-lm's QuantizedSwitchLinear.__call__ as this patch replaces it (mlx-lm 0.32)
+QUANTIZED_EXPERTS_LINES = (
+    'x = mx.gather_qmm( x, self["weight"], self["scales"], self.get("biases"), rhs_indices=indices, '
+    "transpose=True, group_size=self.group_size, bits=self.bits, mode=self.mode, "
+    "global_scale=self.global_scale, sorted_indices=sorted_indices, )",
+    "return x",
+)
+
+
+def quantized_experts(m: nn.Module) -> Site | None:
+    """mlx-lm's ``QuantizedSwitchLinear`` (MoE experts, ``mx.gather_qmm``) through the catalog's
+    ``gather_quantized_matmul``, which takes (token, expert) pairs sorted by expert: the calls
+    ``SwitchGLU`` makes once it routes 64 pairs or more (prefill, larger batches), with ``x`` of
+    ``(T, 1, K)`` and ``T`` indices. Its unsorted calls (decode) keep MLX's op."""
+    cls = type(m)
+    if not (cls.__module__.startswith("mlx_lm.models.") and cls.__name__ == "QuantizedSwitchLinear"):
+        return None
+    fmt = layer_format(m, experts=True)
+    if isinstance(fmt, str):
+        return Site("quantized experts", {}, _format_label(m), lambda shape: [], None,
+                    refusal=f"kept MLX's gather_qmm: {fmt}")
+    k, n, e, bits, group = fmt
+    if not source_has(cls, *QUANTIZED_EXPERTS_LINES):
+        return Site("quantized experts", {}, f"{e} experts, {k} -> {n}", lambda shape: [], None,
+                    refusal="kept MLX's gather_qmm: QuantizedSwitchLinear.__call__ is not the computation "
+                            "this patch replaces")
+    tail = (k, n, e, bits, group)
+
+    def pairs(shape: tuple[int, ...]) -> int | None:
+        """T where ``x`` is (T, 1, K), as SwitchGLU hands sorted pairs; None for any other shape."""
+        return shape[0] if len(shape) == 3 and shape[1] == 1 and shape[2] == k else None
+
+    def bind(router: Router, shape: tuple[int, ...], dt: Any, own: Call) -> Call | None:
+        t = pairs(shape)
+        if t is None or not router.picks(call := (GATHER, (t, *tail), dt)):
+            return None
+        counter, runner = router.resolved(*call, {})
+        graph = router.shared.get((runner, shape))
+        if graph is None:
+            def fn(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, idx: mx.array) -> mx.array:
+                out: mx.array = runner([x.reshape(t, k), w, scales, biases, idx.astype(mx.uint32)])[0]
+                return out.reshape(t, 1, n)
+            graph = router.shared[(runner, shape)] = mx.compile(fn)
+
+        def gathered(self: Any, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
+            if not sorted_indices:
+                return own(self, x, indices, sorted_indices)
+            counter[0] += 1
+            w, scales, biases = self["weight"], self["scales"], self["biases"]
+            if interceptor() is not None:  # launches recorded: the plain path, no trace
+                out: mx.array = runner([x.reshape(t, k), w, scales, biases, indices.astype(mx.uint32)])[0]
+                return out.reshape(t, 1, n)
+            return graph(x, w, scales, biases, indices)
+        return gathered
+
+    def plan(shape: tuple[int, ...]) -> list[tuple[str, Shape]]:
+        t = pairs(shape)
+        return [] if t is None else [(GATHER, (t, *tail))]
+
+    return Site("quantized experts", {GATHER: lambda s: len(s) == 6 and s[1:] == tail},
+                f"{e} experts, {k} -> {n}, {bits}-bit, group {group}", plan, None, bind=bind,
+                describe=lambda s: f"T={s[0]}")
+
+
+PATTERNS = (quantized_linear, quantized_experts)

@@ -1,0 +1,132 @@
+"""Settings measured by turns, each side in a fresh process: stock (every knob unset), the
+candidates, and a control (stock again), in rounds whose order rotates, so no side always runs
+first or last. Per candidate and workload: its speed over stock paired by round, with the 95 %
+bootstrap interval (:func:`kernelfleet.kernels.patch.model_timing.paired_speedup`), and whether
+its logits were bit-identical to stock's in every process (and stock's to each other's).
+
+This process never touches MLX's device; the processes it starts (:mod:`.step`) do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernelfleet.kernels.patch.paired import paired_speedup, verdict
+
+from .knobs import TABLE, TEST_ONLY_DTYPE, Setting
+
+STOCK, CONTROL = "stock", "stock again"
+STEP_MODULE = "kernelfleet.worker.runtime_settings.step"
+
+
+class StepError(RuntimeError):
+    """A step process failed (its stderr's tail is in the message)."""
+
+
+def knob_envs() -> set[str]:
+    return {env for table in TABLE.values() for k in table for env in k.envs} | {TEST_ONLY_DTYPE}
+
+
+def environment(setting: Setting) -> dict[str, str]:
+    """This process's environment with every knob removed (MLX's defaults), then ``setting``."""
+    envs = knob_envs()
+    return {**{k: v for k, v in os.environ.items() if k not in envs}, **setting}
+
+
+def key(setting: Setting) -> str:
+    """A setting as its environment line: ``MLX_A=1 MLX_B=2`` (empty: MLX's defaults)."""
+    return " ".join(f"{k}={v}" for k, v in sorted(setting.items()))
+
+
+def run_step(request: dict[str, Any], setting: Setting, timeout: float) -> dict[str, Any]:
+    """One fresh process measuring ``request`` (:mod:`.step`'s format) under ``setting``."""
+    try:
+        r = subprocess.run([sys.executable, "-m", STEP_MODULE], input=json.dumps(request), text=True,
+                           capture_output=True, env=environment(setting), timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise StepError(f"step under [{key(setting) or 'defaults'}] ran past {timeout:.0f} s") from e
+    if r.returncode:
+        raise StepError(f"step under [{key(setting) or 'defaults'}] failed ({r.returncode}): "
+                        f"{r.stderr.strip()[-1500:]}")
+    answer: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
+    return answer
+
+
+@dataclass
+class Rounds:
+    """Per side (STOCK, CONTROL or a setting's :func:`key`), per workload: one time per round, and the
+    logits hashes seen."""
+
+    settings: dict[str, Setting]
+    seconds: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    logits: dict[str, dict[str, set[str]]] = field(default_factory=dict)
+    device: dict[str, Any] = field(default_factory=dict)
+    process_s: float = 0.0  # the slowest step process seen (start to exit)
+
+    @property
+    def count(self) -> int:
+        return min((len(t) for by_w in self.seconds.values() for t in by_w.values()), default=0)
+
+
+def measure_rounds(request: dict[str, Any], candidates: list[Setting], rounds: int, deadline: float,
+                   *, control: bool = True, timeout: float = 600.0, first_free: bool = True,
+                   process_s: float = 0.0) -> Rounds:
+    """Up to ``rounds`` rounds of stock, ``candidates`` and (``control``) stock again, one process
+    each, in rotating order. A round that could not finish before ``deadline`` (judged by the slowest
+    process so far, or ``process_s`` before any) is not started; with ``first_free`` the first always
+    is."""
+    sides: dict[str, Setting] = {STOCK: {}, **{key(c): c for c in candidates}}
+    if control:
+        sides[CONTROL] = {}
+    out = Rounds(settings=sides, process_s=process_s)
+    names = list(sides)
+    for r in range(rounds):
+        if (r or not first_free) and time.monotonic() + out.process_s * len(names) > deadline:
+            break
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            t0 = time.monotonic()
+            answer = run_step(request, sides[name], timeout)
+            out.process_s = max(out.process_s, time.monotonic() - t0)
+            out.device = {k: answer[k] for k in ("device", "backend", "arch", "mlx_version")}
+            for w, s in answer["seconds"].items():
+                out.seconds.setdefault(name, {}).setdefault(w, []).append(s)
+                out.logits.setdefault(name, {}).setdefault(w, set()).add(answer["logits"][w])
+    return out
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A side against stock at one workload."""
+
+    setting: Setting
+    workload: str
+    ratio: float  # stock seconds / side seconds, median over rounds: > 1 is faster
+    low: float
+    high: float
+    rounds: int
+    bit_identical: bool
+
+    @property
+    def verdict(self) -> str:
+        return verdict(self.low, self.high)
+
+    def evidence(self, stage: str) -> dict[str, Any]:
+        return {"stage": stage, "settings": self.setting, "gain": self.ratio,
+                "interval": [self.low, self.high], "verdict": self.verdict, "rounds": self.rounds,
+                "bit_identical": self.bit_identical}
+
+
+def compare(rounds: Rounds, side: str, workload: str) -> Comparison:
+    stock, other = rounds.seconds[STOCK][workload], rounds.seconds[side][workload]
+    n = min(len(stock), len(other))
+    mid, lo, hi = paired_speedup(stock[:n], other[:n])
+    same = rounds.logits[side][workload] == rounds.logits[STOCK][workload] \
+        and len(rounds.logits[STOCK][workload]) == 1
+    return Comparison(rounds.settings[side], workload, mid, lo, hi, n, same)
