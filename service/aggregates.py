@@ -21,9 +21,9 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cache
 from typing import Any, cast
 
-from scipy.stats import binom
 from sqlalchemy import CursorResult, Row, and_, bindparam, select
 from sqlalchemy.orm import Session, load_only
 
@@ -32,8 +32,6 @@ from kernelfleet.service.models import ConfigStat, Result
 
 WINDOW = 32  # run medians (and same-run speedups) kept per row
 MAX_WORKERS = 64  # distinct worker ids kept per row (the count saturates there)
-# for n runs, the rank k of the order-statistic ~95 % interval of a median: P(Binom(n, 1/2) < k) <= .025
-_MEDIAN_RANK = [int(binom.ppf(0.025, n, 0.5)) for n in range(WINDOW + 1)]
 SERIES_COLUMNS = ("chip", "backend", "mlx_version", "kernel", "shape", "dtype", "kernel_hash")
 REBUILD_COLUMNS = ("id", "source", "worker_id", "created_at", "measured_at")
 
@@ -51,10 +49,20 @@ def speedup_interval(runs: Sequence[Sequence[float]]) -> tuple[float, float, flo
     n = len(mids)
     mid = float(statistics.median(mids))
     # order-statistic interval of a median: the k-th smallest and largest with P(Binom(n, .5) < k) <= .025
-    k = _MEDIAN_RANK[n] if n <= WINDOW else int(binom.ppf(0.025, n, 0.5))
+    k = _median_rank(n)
     if n >= 6 and k >= 1:
         return mid, mids[k - 1], mids[n - k]
     return mid, min(r[0] for r in runs), max(r[2] for r in runs)
+
+
+@cache
+def _median_rank(n: int) -> int:
+    """For n runs, the rank k of the order-statistic ~95 % interval of a median:
+    P(Binom(n, 1/2) < k) <= .025. scipy is imported here, not with the module: scipy.stats is a
+    second of every coordinator process's start on a 2-core host."""
+    from scipy.stats import binom
+
+    return int(binom.ppf(0.025, n, 0.5))
 
 
 def _ratio_bounds(builtin: dict[str, Any], trial: dict[str, Any]) -> list[float]:

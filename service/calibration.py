@@ -33,8 +33,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from scipy.optimize import isotonic_regression
-
 from kernelfleet.service.predict import NEAR, Observations, Picks, Prediction, predict
 
 EDGES = (0.0, 0.2, 0.4, 0.6, 0.7, 0.8, 0.9, 1.0000001)
@@ -97,6 +95,8 @@ def bins(samples: Sequence[Sample]) -> list[dict[str, Any]]:
                          "hits": sum(s.hit for s in inside)})
         filled = [r for r in rows if r["n"]]
         if filled:
+            from scipy.optimize import isotonic_regression  # here: a second of every coordinator's start
+
             fit = isotonic_regression([(r["hits"] + 1) / (r["n"] + 2) for r in filled],
                                       weights=[r["n"] + 2 for r in filled]).x
             for r, rate in zip(filled, fit, strict=True):

@@ -35,6 +35,10 @@ logger = logging.getLogger(__name__)
 # balancer's or client's own idle timeout, so they, not the server, close an idle connection (a
 # server closing one just as the peer reuses it fails that request: measured with 10,000 workers)
 KEEP_ALIVE = 75
+# with --workers, uvicorn pings each process and replaces one that does not answer in this long
+# (its default, 5 s): a process answers only once it has imported the app, which took over 5 s on a
+# loaded 2-core host, so every replacement was killed in turn and the server never came up (CI)
+WORKER_HEALTHCHECK_SECONDS = 60
 
 db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True)
 
@@ -185,7 +189,7 @@ def _serve_processes(settings: Settings, workers: int, log_level: str) -> None:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="kernelfleet-metrics-")
     uvicorn.run("kernelfleet.service.app:app_from_env", factory=True, workers=workers, host=settings.host,
                 port=settings.port, log_level=log_level, proxy_headers=True, timeout_graceful_shutdown=10,
-                timeout_keep_alive=KEEP_ALIVE)
+                timeout_keep_alive=KEEP_ALIVE, timeout_worker_healthcheck=WORKER_HEALTHCHECK_SECONDS)
 
 
 def demo(

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 from kernelfleet.service.regressions.base import RunPoint
 
@@ -62,6 +61,8 @@ class Baseline:
 
     def p_slower(self, log_value: float, new_se: float = 0.0) -> float:
         """One-sided p-value that a run this slow comes from the baseline."""
+        from scipy import stats  # here, not at import: scipy is most of a coordinator's start
+
         return float(stats.t.sf(self.t_score(log_value, new_se), df=max(self.k - 1, 2)))
 
     def effect(self, median_us: float) -> float:

@@ -20,8 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import special
-from scipy.ndimage import median_filter
 
 from kernelfleet.service.regressions.base import RunPoint
 from kernelfleet.service.regressions.noise import MAD_TO_SIGMA, SCALE_FLOOR
@@ -94,6 +92,8 @@ def robust_sigma(x: np.ndarray) -> float:
 def tame(x: np.ndarray, clip_sigmas: float = 3.0) -> np.ndarray:
     """Each log median clipped to its rolling median (5 runs) plus or minus ``clip_sigmas`` robust
     sigmas, so a single bad run cannot make (or place) a change point."""
+    from scipy.ndimage import median_filter  # here, not at import: scipy is most of a coordinator's start
+
     rolling = median_filter(x, size=5, mode="nearest")
     band = clip_sigmas * robust_sigma(x)
     clipped: np.ndarray = np.clip(x, rolling - band, rolling + band)
@@ -137,6 +137,8 @@ def level_shift(
     before, after = float(np.median(x[:tau])), _level(x[tau:], sigma, prior.pair_clip)
     se = sigma * np.sqrt(median_var_factor(tau) / tau + median_var_factor(n - tau) / (n - tau))
     t = (after - before) / se
+    from scipy import special  # here, not at import: scipy is most of a coordinator's start
+
     return LevelShift(
         tau=tau, before=before, after=after, sigma=sigma, df=df, t=float(t),
         p_value=float(special.stdtr(df, -t)),  # t.sf(t, df) without scipy.stats' per-call overhead

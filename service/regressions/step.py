@@ -35,7 +35,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import stats
 
 from kernelfleet.service.regressions.base import Finding, RunPoint, register_online
 from kernelfleet.service.regressions.segments import (
@@ -163,6 +162,8 @@ class StepDetector:
         if not new.samples_us or not recent:
             return True  # capped samples: the run-level test stands alone
         pooled = np.concatenate([np.asarray(s, dtype=float) for s in recent])
+        from scipy import stats  # here, not at import: scipy is most of a coordinator's start
+
         test = stats.mannwhitneyu(np.asarray(new.samples_us, dtype=float), pooled, alternative="greater")
         return bool(test.pvalue < self.sample_alpha)
 

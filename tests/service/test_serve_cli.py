@@ -40,12 +40,14 @@ def test_serve_reports_an_unreachable_database() -> None:
     assert "Traceback" not in r.stderr
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen[str], timeout: float = 30) -> None:
+def _wait_healthy(url: str, proc: subprocess.Popen[str], timeout: float = 90) -> None:
+    """A stall detector, as the fixtures' ``Coordinator.start``: a loaded 2-core host has taken over 30 s
+    to bring a coordinator up, and a health answer over 1 s while it starts."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()
         try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+            if httpx.get(url + "/healthz", timeout=5).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
