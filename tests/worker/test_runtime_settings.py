@@ -149,3 +149,21 @@ def test_knob_table_follows_mlx_source() -> None:
     [cuda_buffer] = [k for k in knobs("cuda", "0.32.4") if "MLX_MAX_OPS_PER_BUFFER" in k.envs]
     # around 50/500, between the grid's 25/250 and MLX's default 100/1000
     assert midpoints(cuda_buffer, (50, 500), (100, 1000)) == [(35, 354), (71, 707)]
+
+
+def test_a_side_matches_when_each_of_its_logits_is_one_of_stocks_own() -> None:
+    """On MLX's CUDA backend a quantized decode step's logits take one of two values from run to run
+    (H200, MLX 0.32.4): a side is bit-identical when each of its processes' logits is one stock's own
+    processes (stock and the control) gave, and differs when any is not."""
+    from kernelfleet.worker.runtime_settings.sides import CONTROL, STOCK, Rounds, compare
+
+    w = "decode:1"
+    rounds = Rounds(settings={STOCK: {}, CONTROL: {}, "same": {"A": "1"}, "other": {"A": "2"},
+                              "mixed": {"A": "3"}})
+    hashes = {STOCK: {"x"}, CONTROL: {"y"}, "same": {"x", "y"}, "other": {"z"}, "mixed": {"x", "z"}}
+    for name, seen in hashes.items():
+        rounds.seconds[name] = {w: [1.0, 1.0, 1.0]}
+        rounds.logits[name] = {w: seen}
+    assert compare(rounds, "same", w).bit_identical
+    assert not compare(rounds, "other", w).bit_identical
+    assert not compare(rounds, "mixed", w).bit_identical
