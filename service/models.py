@@ -278,6 +278,8 @@ class Trial(Base):
     samples_us: Mapped[list[Any] | None] = mapped_column(JSON)  # raw samples; None when capped
     max_abs_err: Mapped[float | None] = mapped_column(Float)
     max_rel_err: Mapped[float | None] = mapped_column(Float)
+    # the config whose measurement stands for this one: identical kernels on the backend, measured once
+    shares_measurement_with: Mapped[str | None] = mapped_column(String(256))
 
     result: Mapped[Result] = relationship(back_populates="trials", lazy="raise")
 

@@ -83,6 +83,7 @@ def store_report(
             "samples_us": t.samples_us,
             "max_abs_err": t.max_abs_err,
             "max_rel_err": t.max_rel_err,
+            "shares_measurement_with": t.shares_measurement_with,
         }
         for t in report.trials
     ]

@@ -56,6 +56,7 @@ def run(request: Request, db: DbDep, result_id: RowId) -> HTMLResponse:
                 Trial.n,
                 Trial.max_abs_err,
                 Trial.max_rel_err,
+                Trial.shares_measurement_with,
             )
             .where(Trial.result_id == result_id)
             .order_by(ok_first, Trial.median_us, Trial.config_key)

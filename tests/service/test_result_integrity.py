@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 
 from kernelfleet.service.db import make_engine, make_sessionmaker, stored_utc
 from kernelfleet.service.import_cli import read_reports
-from kernelfleet.service.models import ConfigStat, Result
+from kernelfleet.service.models import ConfigStat, Result, Trial
 from kernelfleet.web.series import run_points
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
@@ -91,6 +91,28 @@ def test_import_is_idempotent_and_keeps_measured_at(coordinator: Coordinator) ->
     by_id = {p.result_id: p for pts in points.values() for p in pts}
     assert by_id[ids[0]].at == datetime(2026, 3, 1, 10, 20, 30, tzinfo=UTC)
     assert by_id[ids[1]].at == stored_utc(by_id[ids[1]].created_at)
+
+
+def test_a_shared_measurement_is_stored_and_shown_on_its_run(coordinator: Coordinator) -> None:
+    """A Metal worker measures identical kernels once (the hint axis renders one source) and marks
+    the others ``shares_measurement_with`` the one it measured: the coordinator keeps the mark, and
+    the run page says which config's measurement a trial carries."""
+    report = make_report(chip="Apple M2 Pro", backend="metal")
+    twin = {**report["trials"][1], "config_key": "tg=256,vec=4,hint=2",
+            "config": {"tg": 256, "vec": 4, "hint": 2}, "shares_measurement_with": "tg=256,vec=4"}
+    report["trials"].append(twin)
+    with coordinator.admin() as admin:
+        r = admin.post("/results/import", json={"reports": [report]})
+        assert r.status_code == 201, r.text
+        [result_id] = r.json()["result_ids"]
+        page = admin.get(f"{coordinator.url}/runs/{result_id}")
+    assert page.status_code == 200
+    shared = _scalar(coordinator, select(Trial.shares_measurement_with)
+                     .where(Trial.config_key == "tg=256,vec=4,hint=2"))
+    assert shared == "tg=256,vec=4"
+    assert _scalar(coordinator, select(func.count()).where(Trial.shares_measurement_with.is_not(None))) == 1
+    row = page.text.split('data-config="tg=256,vec=4,hint=2"', 1)[1].split("</tr>", 1)[0]
+    assert "measured as <code>tg=256,vec=4</code>" in row
 
 
 def test_the_committed_reports_import(coordinator: Coordinator, tmp_path: Path) -> None:
