@@ -49,6 +49,7 @@ API_ROUTERS: tuple[str, ...] = (
     "kernelfleet.service.api.results",
     "kernelfleet.service.api.regressions",
     "kernelfleet.service.api.profiles",
+    "kernelfleet.service.api.runtime_settings",
     "kernelfleet.service.api.webhooks",
 )
 SITE_ROUTERS: tuple[str, ...] = (

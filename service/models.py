@@ -333,6 +333,29 @@ class Profile(Base):
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
 
 
+class RuntimeSetting(Base):
+    """MLX's runtime settings one worker chose for its chip, per (MLX version, model shape, dtype,
+    workload): ``kernelfleet settings tune``'s entry, pushed by ``kernelfleet settings push``. The
+    newest push of a key replaces the row (``measured_at`` says when it was measured)."""
+
+    __tablename__ = "runtime_settings"
+    __table_args__ = (
+        UniqueConstraint("chip", "mlx_version", "model", "dtype", "workload", name="uq_runtime_settings_key"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    chip: Mapped[str] = mapped_column(String(128), index=True)
+    backend: Mapped[str] = mapped_column(String(16))
+    arch: Mapped[str | None] = mapped_column(String(64))
+    mlx_version: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(128))
+    dtype: Mapped[str] = mapped_column(String(16))
+    workload: Mapped[str] = mapped_column(String(32))
+    entry: Mapped[dict[str, Any]] = mapped_column(JSON)  # the settings file's entry, as pushed
+    worker_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id", ondelete="SET NULL"))
+    measured_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+
+
 class ConfigStat(Base):
     """Incremental statistics of one config on one chip, backend, MLX version and kernel source, at one
     (kernel, shape, dtype): updated in the transaction that stores each result, at O(its trials).

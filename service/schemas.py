@@ -483,3 +483,66 @@ class ImportOut(BaseModel):
     imported: int  # newly stored
     duplicates: int = 0  # already stored before (the same report imported again): not stored twice
     result_ids: list[int]  # one per report, in order: the new row, or the one stored before
+
+
+# ---- runtime settings (worker/runtime_settings/settings_file.py's format) ----
+
+RUNTIME_SETTINGS_SCHEMA = "kernelfleet-runtime-settings/1"
+Gain = Annotated[float, Field(gt=0.0, le=1000.0)]
+Interval = Annotated[list[Gain], Field(min_length=2, max_length=2)]
+EnvName = Annotated[str, Field(min_length=5, max_length=64, pattern=r"^MLX_[A-Z0-9_]+$",
+                                description="an MLX environment variable, e.g. MLX_MAX_OPS_PER_BUFFER")]
+EnvValue = Annotated[str, Field(max_length=64)]
+Workload = Annotated[str, Field(max_length=32, pattern=r"^(prefill|decode):[1-9][0-9]{0,6}$",
+                                description="prefill:TOKENS or decode:BATCH")]
+
+
+class RuntimeControl(Strict):
+    gain: Gain
+    interval: Interval | None = None
+
+
+class RuntimeEvidence(Strict):
+    stage: ShortText
+    settings: Annotated[dict[EnvName, EnvValue], Field(max_length=16)]
+    gain: Gain
+    interval: Interval | None = None
+    verdict: ShortText | None = None
+    rounds: Annotated[int, Field(ge=0, le=10_000)] = 0
+    bit_identical: bool | None = None
+
+
+class RuntimeEntry(Strict):
+    """One chosen setting: ``settings`` {} keeps MLX's defaults (``note`` says why)."""
+
+    model: Name
+    dtype: Annotated[str, Field(min_length=1, max_length=16)]
+    workload: Workload
+    settings: Annotated[dict[EnvName, EnvValue], Field(max_length=16)]
+    gain: Gain = 1.0
+    interval: Interval | None = None
+    verdict: ShortText | None = None
+    bit_identical: bool | None = None
+    rounds: Annotated[int, Field(ge=0, le=10_000)] = 0
+    control: RuntimeControl | None = None
+    evidence: Annotated[list[RuntimeEvidence], Field(max_length=512)] = []
+    note: Annotated[str, Field(max_length=2000)] = ""
+
+
+class RuntimeSettingsFile(Strict):
+    """A runtime-settings file, as ``kernelfleet settings tune`` writes it and ``pull`` installs it."""
+
+    schema_: Annotated[Literal["kernelfleet-runtime-settings/1"], Field(alias="schema")]
+    chip: Name
+    backend: BackendName
+    arch: ShortText | None = None
+    mlx_version: Annotated[str, Field(min_length=1, max_length=64)]
+    entries: Annotated[list[RuntimeEntry], Field(min_length=1, max_length=256)]
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True, populate_by_name=True)
+
+
+class RuntimeSettingsPushed(BaseModel):
+    chip: str
+    mlx_version: str
+    stored: int  # entries stored (new keys and replaced ones)

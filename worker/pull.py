@@ -56,6 +56,8 @@ class PullResult:
     zmlx: zmlx_cache.MergeResult | None
     zmlx_skipped: str | None
     fallbacks: dict[str, int] = field(default_factory=dict)  # why predicted entries are the built-in
+    settings_path: str | None = None  # the chip's runtime-settings file, when the fleet has one
+    settings_entries: int = 0
 
     @property
     def fallback(self) -> int:
@@ -187,6 +189,31 @@ def fetch_profile(
     return body
 
 
+def fetch_runtime_settings(coordinator: str, chip: str, mlx_version: str | None, token: str | None,
+                           timeout: float = 30.0) -> dict[str, Any] | None:
+    """The chip's runtime-settings file from the coordinator (``GET /runtime-settings/{chip}``), or
+    None when it has none (404)."""
+    from kernelfleet.worker.runtime_settings import settings_file
+
+    base = coordinator_base(coordinator)
+    headers = {"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    try:
+        r = httpx.get(base + "/api/v1/runtime-settings/" + quote(chip, safe=""), headers=headers,
+                      params={"mlx_version": mlx_version} if mlx_version else {}, timeout=timeout)
+    except httpx.HTTPError as e:
+        raise PullError(unreachable_message(base, e)) from e
+    if r.status_code == 404:
+        return None
+    try:
+        body = r.json() if r.status_code == 200 else None
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or body.get("schema") != settings_file.SCHEMA or body.get("chip") != chip:
+        raise PullError(f"the coordinator refused or garbled the runtime settings for {chip!r}: HTTP "
+                        f"{r.status_code}: {r.text[:300]}")
+    return body
+
+
 def pull(
     coordinator: str = DEFAULT_COORDINATOR,
     chip: str = "auto",
@@ -218,6 +245,7 @@ def pull(
     if not allow_predicted and not any(not e.get("predicted") for e in entries):
         raise PullError(f"the profile of {target.chip!r} has no measured entries; pass --allow-predicted "
                         f"to install predicted ones")
+    settings = fetch_runtime_settings(coordinator, target.chip, mlx_version, token)
     try:
         path = profile_file.profile_path(target.chip) if unchanged else profile_file.write(body)
     except (OSError, profile_file.ProfileFileError) as e:
@@ -246,6 +274,16 @@ def pull(
             raise PullError(
                 f"profile installed at {path}, but the zmlx cache could not be written: {e}"
             ) from e
+    settings_path = None
+    if settings is not None:
+        from kernelfleet.worker.runtime_settings import settings_file
+
+        settings_path = settings_file.installed_path(target.chip)
+        try:
+            settings_file.write(settings, settings_path)
+        except OSError as e:
+            raise PullError(f"profile installed at {path}, but the runtime settings could not be written: "
+                            f"{e}") from e
     return PullResult(
         target=target,
         profile_path=str(path),
@@ -257,6 +295,8 @@ def pull(
         zmlx=merged,
         zmlx_skipped=skipped,
         fallbacks=fallback_reasons(entries),
+        settings_path=str(settings_path) if settings_path else None,
+        settings_entries=len(settings["entries"]) if settings else 0,
     )
 
 

@@ -100,3 +100,9 @@ def pull_command(
             err.print(f"[yellow]skipped for zmlx:[/] {line}", highlight=False)
     else:
         out.print(f"zmlx cache: skipped ({result.zmlx_skipped})", highlight=False)
+    if result.settings_path:
+        out.print(f"runtime settings: {plural(result.settings_entries, 'entry', 'entries')} -> "
+                  f"{result.settings_path} (kernelfleet.apply_settings(path, model=..., workload=...) before "
+                  f"importing mlx; `kernelfleet settings show FILE` prints them)", highlight=False)
+    else:
+        out.print("runtime settings: none measured for this chip (MLX's defaults stay)", highlight=False)

@@ -45,9 +45,9 @@ def entries_table(body: dict[str, Any], title: str) -> Table:
 
 
 def default_path(chip: str) -> Path:
-    from kernelfleet.kernels.patch.profile_file import chip_slug, profile_dir
+    from kernelfleet.worker.runtime_settings.settings_file import installed_path
 
-    return profile_dir() / f"{chip_slug(chip)}.settings.json"
+    return installed_path(chip)
 
 
 @settings_app.command("tune")
@@ -149,6 +149,57 @@ def show_command(
     except settings_file.SettingsFileError as e:
         raise _fail(str(e)) from e
     out_console.print(entries_table(body, "runtime settings"))
+
+
+@settings_app.command("push")
+def push_command(
+    file: Path | None = typer.Argument(None, help="a runtime-settings file [default: this chip's, as "
+                                       "`settings tune` wrote it]", show_default=False),
+    state_dir: Path | None = typer.Option(None, "--state-dir", help="the enrolled worker's state directory "
+                                          "(its token and coordinator) [default: user data dir/worker]"),
+    coordinator: str | None = typer.Option(None, "--coordinator", envvar="KERNELFLEET_COORDINATOR",
+                                           help="the coordinator's URL [default: the one the worker enrolled "
+                                                "with]", show_default=False),
+) -> None:
+    """Send this machine's chosen runtime settings to the coordinator, as its enrolled worker: the
+    fleet then serves them to `kernelfleet pull` on every machine with this chip."""
+    import httpx
+
+    from kernelfleet.chips import detect_chip
+    from kernelfleet.worker.coordinator_url import BadCoordinatorUrl, coordinator_base, unreachable_message
+    from kernelfleet.worker.runtime_settings import settings_file
+    from kernelfleet.worker.state import StateError, WorkerState, default_state_dir
+
+    path = file or default_path(detect_chip().name)
+    try:
+        body = settings_file.read(path)
+        creds = WorkerState(state_dir or default_state_dir()).load_credentials()
+    except (settings_file.SettingsFileError, StateError) as e:
+        raise _fail(str(e)) from e
+    if creds is None:
+        raise _fail("this machine has no enrolled worker here: enroll it first (`kernelfleet worker "
+                    "--coordinator URL --enroll-token TOKEN`), or pass --state-dir")
+    url = coordinator or creds.coordinator
+    if not url:
+        raise _fail("no coordinator URL: pass --coordinator")
+    try:
+        base = coordinator_base(url)
+    except BadCoordinatorUrl as e:
+        raise _fail(str(e)) from e
+    try:
+        r = httpx.post(f"{base}/api/v1/runtime-settings", json=body, timeout=30.0,
+                       headers={"Authorization": f"Bearer {creds.token}"})
+    except httpx.HTTPError as e:
+        raise _fail(unreachable_message(base, e), 1) from e
+    if r.status_code != 201:
+        try:
+            detail = r.json().get("detail", r.text)
+        except ValueError:
+            detail = r.text[:300]
+        raise _fail(f"the coordinator refused the settings: HTTP {r.status_code}: {detail}", 1)
+    got = r.json()
+    out_console.print(f"pushed {got['stored']} runtime-settings entries for {got['chip']} (mlx "
+                      f"{got['mlx_version']}) to {base}", highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.slow
 # status decides which timings it needs, a shape's parts are positive. Those get 422 by design.
 CHECKS = "all"
 EXCLUDED_CHECKS = "positive_data_acceptance"
-WORKER_ROUTES = r"^/api/v1/(leases|workers/me|jobs/[^/]+/(heartbeat|result|fail|release))$"
+WORKER_ROUTES = r"^/api/v1/(leases|workers/me|runtime-settings|jobs/[^/]+/(heartbeat|result|fail|release))$"
 CHIP = "NVIDIA H100 80GB HBM3"
 COVERAGE_DAYS = 6  # the coverage phase reaches every path once in this many days
 
@@ -114,6 +114,7 @@ def test_schemathesis_finds_no_server_errors_or_schema_violations(coordinator_fa
           f"({coordinator.db_url.split(':')[0]}); {deep_line}: {', '.join(deep)}\n{out[-3000:]}")
     assert run.returncode == 0, f"schemathesis found problems (seed {seed}):\n{out[-20000:]}"
     assert cases is not None and int(cases.group(1)) == int(cases.group(2)) > 0, out[-5000:]
-    # 34: the tokens routes (create, list, revoke) and POST /workers/add joined the 30
-    assert "Selected: 34/34" in out and "Tested: 34" in out, out[-5000:]
+    # 36: the tokens routes (create, list, revoke) and POST /workers/add joined the 30, then the
+    # runtime-settings push and read
+    assert "Selected: 36/36" in out and "Tested: 36" in out, out[-5000:]
     assert "Traceback" not in coordinator.logs(), coordinator.logs()[-5000:]

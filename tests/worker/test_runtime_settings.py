@@ -57,13 +57,19 @@ def test_search_rejects_a_setting_that_changes_arithmetic_and_the_budget_stops_i
     assert entry["settings"] == choice.setting and entry["control"]["interval"]
 
 
-def test_settings_tune_and_show_as_a_user_runs_them(tmp_path: Path) -> None:
-    model, out = tmp_path / "tiny.json", tmp_path / "settings.json"
+def tune_tiny(model: Path, out: Path):  # type: ignore[no-untyped-def]
+    """`kernelfleet settings tune` of the tiny Llama at decode:1 on a 1 s budget (one coarse round)."""
     model.write_text(json.dumps(TINY))
     r = kf_here("settings", "tune", "--model", str(model), "--compute-dtype", "float32", "--workload",
                 "decode:1", "--context", "8", "--steps", "2", "--reps", "1", "--rounds", "3", "--budget", "1",
                 "--out", str(out))
     assert r.exit_code == 0, r.stderr[-2000:]
+    return r
+
+
+def test_settings_tune_and_show_as_a_user_runs_them(tmp_path: Path) -> None:
+    model, out = tmp_path / "tiny.json", tmp_path / "settings.json"
+    r = tune_tiny(model, out)
     body = settings_file.read(out)
     assert body["backend"] == "cpu" and body["mlx_version"] and body["chip"]
     [entry] = body["entries"]

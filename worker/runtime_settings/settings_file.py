@@ -39,6 +39,14 @@ def shape_key(config: dict[str, Any]) -> str:
     return out
 
 
+def installed_path(chip: str) -> Path:
+    """Where ``settings tune`` writes a chip's file and ``kernelfleet pull`` installs the fleet's:
+    ``<profile dir>/<chip>.settings.json``, beside the chip's profile."""
+    from kernelfleet.kernels.patch.profile_file import chip_slug, profile_dir
+
+    return profile_dir() / f"{chip_slug(chip)}.settings.json"
+
+
 def read(path: str | Path) -> dict[str, Any]:
     try:
         body = json.loads(Path(path).read_text())
