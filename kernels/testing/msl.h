@@ -13,6 +13,9 @@
 //     metal::max/min/clamp take one type for all arguments; metal::precise::* and metal::fast::*
 //     take float (and MLX's bfloat overloads), never half;
 //   * bfloat converts only explicitly from float/half/int, implicitly only to float;
+//   * vectors convert only explicitly, element by element (half4(float4), bfloat4(float4)), and are
+//     constructed from scalars and vectors whose components add up (msl_clang.py's rewrite into
+//     kf_make_vector, at the end);
 //   * bfloat is a class here but a scalar in MSL. Where that shows -- clang keeps the address space of
 //     a class-type lvalue, so `c ? y : T(1) - y` (a __private bfloat lvalue, a bfloat prvalue) is
 //     "incompatible operand types" -- msl_strict.py wraps both operands in kf_rvalue (below), the
@@ -188,19 +191,56 @@ KF_MSL_SCALAR(short) KF_MSL_SCALAR(ushort) KF_MSL_SCALAR(int) KF_MSL_SCALAR(uint
 KF_MSL_SCALAR(half) KF_MSL_SCALAR(float) KF_MSL_SCALAR(bfloat)
 #undef KF_MSL_SCALAR
 
-// ---- vectors (ext_vector_type: swizzles, element-wise operators, no implicit element conversion)
+// ---- vectors (MSL spec 2.2). Of built-in element types: ext_vector_type (swizzles, element-wise
+// operators, no implicit element conversion). Of class element types -- bfloat, and half under
+// KF_MSL_EMULATE, where half is a class -- kf_svec below: .x .y .z .w, [], element-wise + - * /,
+// a scalar of the element type splatted, and no conversion from any other vector.
+template <typename T, int N> struct kf_svec_data;
+template <typename T> struct kf_svec_data<T, 2> { T x, y; };
+template <typename T> struct kf_svec_data<T, 3> { T x, y, z; };
+template <typename T> struct kf_svec_data<T, 4> { T x, y, z, w; };
+// MSL's size and alignment: a 3-vector is a 4-vector's size (MSL spec 2.2, vector types' alignment)
+template <typename T, int N> struct alignas(sizeof(T) * (N == 3 ? 4 : N)) kf_svec : kf_svec_data<T, N> {
+  kf_svec() = default;
+  // a scalar converts implicitly to a vector, replicated (MSL spec 2.12): a scalar that converts
+  // implicitly to the element type (so not a float to a bfloat vector)
+  template <typename U, typename = enable_if_t<is_same_v<U, T> || (!is_same_v<T, bfloat> && __is_arithmetic(U))>>
+  kf_svec(U s) { for (int k = 0; k < N; ++k) (*this)[k] = T(s); }
+  T& operator[](int k) { return (&this->x)[k]; }
+  T operator[](int k) const { return (&this->x)[k]; }
+#define KF_SVEC_OP(op)                                                                  \
+  friend kf_svec operator op(kf_svec a, kf_svec b) {                                    \
+    for (int k = 0; k < N; ++k) a[k] = T(a[k] op b[k]);                                 \
+    return a;                                                                           \
+  }                                                                                     \
+  kf_svec& operator op##=(kf_svec b) { return *this = *this op b; }
+  KF_SVEC_OP(+) KF_SVEC_OP(-) KF_SVEC_OP(*) KF_SVEC_OP(/)
+#undef KF_SVEC_OP
+  friend kf_svec operator-(kf_svec a) {
+    for (int k = 0; k < N; ++k) a[k] = T(-a[k]);
+    return a;
+  }
+};
+
 template <typename T, int N> struct vec_of { typedef T type __attribute__((ext_vector_type(N))); };
-template <typename T, int N> using vec = typename vec_of<T, N>::type;
-#define KF_VEC_TYPES(T)                  \
-  typedef vec<T, 2> T##2;                \
-  typedef vec<T, 3> T##3;                \
-  typedef vec<T, 4> T##4;
-KF_VEC_TYPES(float) KF_VEC_TYPES(int) KF_VEC_TYPES(uint) KF_VEC_TYPES(short) KF_VEC_TYPES(ushort)
-KF_VEC_TYPES(char) KF_VEC_TYPES(uchar)
-#if !defined(KF_MSL_EMULATE)
-KF_VEC_TYPES(half)
+template <int N> struct vec_of<bfloat, N> { typedef kf_svec<bfloat, N> type; };
+#if defined(KF_MSL_EMULATE)
+template <int N> struct vec_of<half, N> { typedef kf_svec<half, N> type; };
 #endif
+template <typename T, int N> using vec = typename vec_of<T, N>::type;
+// what kf_make_vector needs of a type: its element type and component count (0: not a vector)
+template <typename V> struct kf_vector_info { static constexpr constant int n = 0; typedef V elem; };
+#define KF_VECTOR_INFO(T, N) \
+  template <> struct kf_vector_info<vec<T, N>> { static constexpr constant int n = N; typedef T elem; };
+#define KF_VEC_TYPES(T)                                                                          \
+  typedef vec<T, 2> T##2;                                                                        \
+  typedef vec<T, 3> T##3;                                                                        \
+  typedef vec<T, 4> T##4;                                                                        \
+  KF_VECTOR_INFO(T, 2) KF_VECTOR_INFO(T, 3) KF_VECTOR_INFO(T, 4)
+KF_VEC_TYPES(float) KF_VEC_TYPES(half) KF_VEC_TYPES(bfloat) KF_VEC_TYPES(int) KF_VEC_TYPES(uint)
+KF_VEC_TYPES(short) KF_VEC_TYPES(ushort) KF_VEC_TYPES(char) KF_VEC_TYPES(uchar)
 #undef KF_VEC_TYPES
+#undef KF_VECTOR_INFO
 
 template <typename To, typename From> KF_DECL To as_type(From x) KF_BODY(
   static_assert(sizeof(To) == sizeof(From), "as_type: sizes differ");
@@ -392,3 +432,53 @@ template <typename T> KF_DECL T kf_rvalue(T x) KF_BODY(return x;)
 using namespace metal;
 typedef bfloat bfloat16_t;
 typedef half float16_t;
+
+// MSL's vector constructors (MSL spec 2.4 Vector Data Types, 2.12 Type Conversions), which neither
+// clang's ext_vector_type nor kf_svec has: msl_clang.py rewrites every `T<n>(args)` of a kernel
+// (T a scalar type, n 2, 3 or 4; not `T<n>()`) into `kf_make_vector<T<n>>(args)`:
+// - one scalar: replicated (it converts implicitly to the element type);
+// - one vector of n components: converted element by element, explicitly (float4(int4),
+//   half4(float4), bfloat4(float4), float4(bfloat4) ...);
+// - otherwise scalars and vectors whose components add up to n, in order: each scalar converts
+//   implicitly to the element type, each vector has the element type (no implicit vector conversion).
+// Refused with a static_assert otherwise (float4(a, b) of two scalars, float4(float3), float4(half2, half2)).
+template <typename E, typename S> inline E kf_vector_element(S s) {
+  if constexpr (is_same_v<S, E>) return s;
+  else if constexpr (is_same_v<S, bfloat>) return static_cast<E>(float(s));  // exact; one conversion
+  else return static_cast<E>(s);
+}
+template <typename V, typename A> inline void kf_vector_put(thread V& r, thread int& k, A a) {
+  typedef typename kf_vector_info<V>::elem E;
+  constexpr int m = kf_vector_info<A>::n;
+  if constexpr (m == 0) {
+    E e = a;  // a scalar argument converts implicitly to the element type (never a float to bfloat)
+    r[k++] = e;
+  } else {
+    static_assert(is_same_v<typename kf_vector_info<A>::elem, E>,
+                  "vector constructor: a vector argument of another element type (MSL converts vectors "
+                  "only explicitly, one vector of as many components: T4(v4))");
+    for (int j = 0; j < m; ++j) r[k++] = a[j];
+  }
+}
+template <typename A> constexpr int kf_vector_components() {
+  return kf_vector_info<A>::n == 0 ? 1 : kf_vector_info<A>::n;
+}
+template <typename V, typename... A> inline V kf_make_vector(A... a) {
+  typedef typename kf_vector_info<V>::elem E;
+  constexpr int n = kf_vector_info<V>::n;
+  static_assert(n > 0, "kf_make_vector: not a vector type");
+  V r;
+  if constexpr (sizeof...(A) == 1 && ((kf_vector_info<A>::n == 0) && ...)) {  // splat
+    E e = (a, ...);
+    for (int k = 0; k < n; ++k) r[k] = e;
+  } else if constexpr (sizeof...(A) == 1 && ((kf_vector_info<A>::n == n) && ...)) {  // conversion
+    for (int k = 0; k < n; ++k) r[k] = kf_vector_element<E>((a, ...)[k]);
+  } else {
+    static_assert((0 + ... + kf_vector_components<A>()) == n,
+                  "vector constructor: the arguments' components do not add up to the vector's (MSL spec "
+                  "2.4: scalars and vectors, n components in all, or one scalar)");
+    int k = 0;
+    (kf_vector_put(r, k, a), ...);
+  }
+  return r;
+}

@@ -1,6 +1,6 @@
 """Turning MLX's Metal kernel text into C++ clang accepts, for the strict model and the emulator.
 
-Two spellings MSL allows and clang (C++) does not, rewritten and nothing else:
+Three spellings MSL allows and clang (C++) does not, rewritten and nothing else:
 
 - the explicit instantiation MLX appends, ``template [[host_name("k")]] [[kernel]] decltype(k<..>)
   k<..>;``: clang accepts no attribute list there, so they are dropped;
@@ -8,6 +8,12 @@ Two spellings MSL allows and clang (C++) does not, rewritten and nothing else:
   rejects address-space-qualified automatic variables, so it becomes a reference to threadgroup
   memory, ``threadgroup float (&red)[32] = kf_threadgroup_memory<float[32]>();`` (declared in
   msl.h; the emulator's runtime gives each threadgroup its own).
+
+- a vector constructor, ``float4(a, b, c, d)``, ``half4(v)``, ``bfloat4(v)``: clang's vectors
+  (ext_vector_type) and the model's class vectors (bfloat; half in the emulator) have none of MSL's
+  (a list of scalars and vectors, a splat, an element-wise conversion: MSL spec 2.4, 2.12), so it
+  becomes ``kf_make_vector<float4>(a, b, c, d)`` (msl.h), which builds each the way MSL does and
+  refuses what MSL refuses. Declarations (``float4 f(``) and conversion functions are left alone.
 
 MSL rules the rewrite itself checks: a threadgroup variable has no initializer and is declared in a
 function body (never at program scope), one per declaration.
@@ -27,6 +33,15 @@ _INSTANTIATION = re.compile(r'template\s*\[\[host_name\("[^"]*"\)\]\]\s*\[\[kern
 _TOKEN = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\])*"|[{};]|\bthreadgroup\b', re.DOTALL)
 _DECL = re.compile(r"threadgroup\s+(?P<type>[\w:<>, ]+?)\s+(?P<name>\w+)\s*(?P<dims>(?:\[[^\[\];]+\]\s*)*)$",
                    re.DOTALL)
+
+
+# `T<n>(` (or `vec<T, n>(`) of an MSL vector type the model defines (msl.h), not `T<n>()`, not a
+# member or another namespace's name (`v.float4(`, `ns::float4(`; `metal::float4(` is MSL's own)
+VECTOR_TYPES = ("float", "half", "bfloat", "int", "uint", "short", "ushort", "char", "uchar")
+_VECTOR_CONSTRUCTOR = re.compile(
+    rf"(?<![\w.:])(?<!->)(?P<type>(?:metal\s*::\s*)?(?:(?:{'|'.join(VECTOR_TYPES)})[234]|vec\s*<[^<>(){{}};]*>))"
+    r"(?P<space>\s*)\((?!\s*\))")
+_OPERATOR = re.compile(r"\boperator\s*$")
 
 
 class RewriteError(ValueError):
@@ -87,12 +102,25 @@ def threadgroup_declarations(text: str, kernel: bool = True) -> list[Declaration
     return out
 
 
+def vector_constructors(text: str) -> str:
+    """``text`` with each MSL vector constructor call ``T<n>(...)`` (or ``vec<T, n>(...)``) spelled
+    ``kf_make_vector<T<n>>(...)`` (msl.h); lines are kept. A conversion function (``operator
+    float4()``) is left alone."""
+
+    def call(m: re.Match[str]) -> str:
+        if _OPERATOR.search(text, max(0, m.start() - 40), m.start()):
+            return m.group(0)
+        return f"kf_make_vector<{m.group('type')}>{m.group('space')}("
+
+    return _VECTOR_CONSTRUCTOR.sub(call, text)
+
+
 def for_clang(text: str, kernel: bool = True, limit_threadgroup_bytes: bool = False) -> str:
     """``text`` (MLX's kernel source, any number of kernels; ``kernel=False`` for a header of
     helpers) rewritten for clang; line numbers are kept, so diagnostics point at the original lines.
     ``limit_threadgroup_bytes`` (``text`` one kernel): after its last threadgroup variable, a
     ``static_assert`` that all of them fit Metal's 32 KB (msl.h), checked per instantiation."""
-    text = _INSTANTIATION.sub("template decltype", text)
+    text = vector_constructors(_INSTANTIATION.sub("template decltype", text))
     parts: list[str] = []
     at = 0
     declarations = threadgroup_declarations(text, kernel)

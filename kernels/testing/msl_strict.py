@@ -14,6 +14,9 @@ two bfloat operands that differ only in address space (or const), both operands 
 ``kf_rvalue(...)`` (msl.h: that lvalue-to-rvalue conversion) and the unit is compiled again; every
 other diagnostic stands.
 
+An error inside msl.h (a static_assert of kf_make_vector, say) is the kernel's whose line clang's
+"requested here" note names; one no kernel's instantiation names breaks every kernel of its unit.
+
 ``compile_strict(kernels)`` is the entry point (see :mod:`kernelfleet.kernels.testing`).
 """
 
@@ -177,11 +180,13 @@ def _compile(unit: _Unit, clang: str) -> dict[str, list[str]]:
         return next((name for first, last, name in unit.spans if first <= line <= last), None)
 
     current: tuple[str, list[str]] | None = None
+    in_header: list[tuple[str, list[str]]] = []  # errors in msl.h: the kernels whose instantiation they name
     for m in _DIAG.finditer(proc.stderr):
         line, kind, message = int(m.group(2)), m.group(4), m.group(5)
-        if m.group(1) != "<stdin>":  # in msl.h itself: breaks every kernel of the unit
-            if kind == "error":
-                errors.setdefault("<header>", []).append(f"{m.group(1)}:{line}: {message}")
+        if m.group(1) != "<stdin>":  # in msl.h itself: in a template a kernel instantiates (its notes
+            if kind == "error":      # name the kernel), or breaking every kernel of the unit
+                current = (f"{m.group(1)}:{line}: {message}", [])
+                in_header.append(current)
             continue
         if kind == "error":
             current = (f"line {line}: {message}", [n for n in [owner(line)] if n])
@@ -193,7 +198,13 @@ def _compile(unit: _Unit, clang: str) -> dict[str, list[str]]:
             requester = owner(line)
             if requester and requester not in current[1]:
                 current[1].append(requester)
-                errors.setdefault(requester, []).append(current[0])
+                where = ""
+                if any(current is e for e in in_header):  # the kernel's line that instantiated it
+                    where = f"  [line {line}: {unit.text.splitlines()[line - 1].strip()[:120]}]"
+                errors.setdefault(requester, []).append(current[0] + where)
+    for message, names in in_header:
+        if not names:
+            errors.setdefault("<header>", []).append(message)
     if not errors:  # clang failed without a diagnostic we could read
         errors["<unit>"] = [proc.stderr[-2000:] or f"clang exited {proc.returncode}"]
     if "<header>" in errors:  # an error in a header breaks every kernel that uses it

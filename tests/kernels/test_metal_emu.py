@@ -30,7 +30,7 @@ from sampling import rotating
 from kernelfleet.kernels.catalog import NAMES, get_spec
 from kernelfleet.kernels.render.launch import LaunchRecord, intercept
 from kernelfleet.kernels.spec import KernelSpec, Shape, config_key
-from kernelfleet.kernels.testing import EmulationError, Emulator, metal_kernel
+from kernelfleet.kernels.testing import EmulationError, Emulator, compile_strict, metal_kernel
 from kernelfleet.kernels.testing.mlx_metal import from_record, type_string
 from kernelfleet.kernels.testing.msl_clang import clang_path
 from kernelfleet.worker.backends.metal_emu import MetalEmuBackend, from_numpy, to_numpy
@@ -146,6 +146,39 @@ def _written(out: mx.array) -> np.ndarray:
     raw = to_numpy(out)
     fill = np.iinfo(np.uint32).max if raw.dtype.itemsize == 4 else np.iinfo(np.uint16).max
     return raw.view(np.uint32 if raw.dtype.itemsize == 4 else np.uint16) != fill
+
+
+VECTOR_BODY = """uint i = thread_position_in_grid.x;
+  float2 p = float2(x[i], -x[i]);
+  float4 f = float4(p, 0.5f * x[i], 3.0f);
+  half4 h = half4(f);
+  half4 hh = h * h + h;
+  bfloat4 b = bfloat4(f);
+  float4 g = float4(b) + float4(hh);
+  int4 n = int4(f * 4.0f);
+  float4 s = float4(float2(half2(half(1.5f))), float(uint2(n.xy).x & 1u), 2.0f);
+  float4 r = g + float4(n) + s;
+  out[4 * i] = r.x; out[4 * i + 1] = r.y; out[4 * i + 2] = r.z; out[4 * i + 3] = r.w;"""
+
+
+def test_vector_constructors_and_conversions_run_as_on_metal(emulator: Emulator) -> None:
+    """MSL's vector constructors and element-wise conversions (msl.h's kf_make_vector; MSL spec 2.2,
+    2.12), half and bfloat vectors included, against numpy: every conversion rounds as Metal's (to
+    nearest even; float to int truncates), half arithmetic rounds each result to half."""
+    kernel = metal_kernel("vector_constructors", ["x"], ["out"], VECTOR_BODY, "", [mx.float32], [(64,)],
+                          [mx.float32])
+    assert compile_strict([kernel]).ok  # valid MSL: the strict model accepts it
+    x = (np.random.default_rng(0).standard_normal(64) * 100).astype(np.float32)
+    (out,) = emulator.run(kernel, [x], [((256,), "float")], (64, 1, 1), (32, 1, 1))
+    f = np.stack([x, -x, np.float32(0.5) * x, np.full_like(x, 3.0)], 1)
+    h = f.astype(np.float16)
+    hh = (h * h + h).astype(np.float32)
+    b = np.array(mx.array(f).astype(mx.bfloat16).astype(mx.float32))
+    n = (f * np.float32(4.0)).astype(np.int32)
+    odd = (n[:, 0].astype(np.uint32) & 1).astype(np.float32)
+    s = np.stack([np.full_like(x, 1.5), np.full_like(x, 1.5), odd, np.full_like(x, 2.0)], 1)
+    ref = (b + hh) + n.astype(np.float32) + s
+    np.testing.assert_array_equal(out.reshape(64, 4), ref)
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import pytest
 
 from kernelfleet.kernels.testing import compile_strict, metal_kernel
 from kernelfleet.kernels.testing.mlx_metal import MetalKernel
-from kernelfleet.kernels.testing.msl_clang import clang_path
+from kernelfleet.kernels.testing.msl_clang import clang_path, vector_constructors
 from kernelfleet.kernels.testing.msl_rules import MAX_BUFFERS, text_errors
 
 pytestmark = pytest.mark.skipif(clang_path() is None, reason="no clang++ on PATH (apt-get install clang)")
@@ -136,3 +136,77 @@ def test_simd_shuffle_of_64_bit_values_is_accepted() -> None:
                       "  out[i] = x[i] + float(a >> 33) + float(b);"))
     _refused(_kernel("sum64", "ulong v = ulong(i);\n  out[i] = x[i] + float(simd_sum(v));"),
              "no matching function for call to 'simd_sum'")
+
+
+# MSL's vector constructors: msl_clang.py rewrites `T<n>(...)` into msl.h's kf_make_vector (clang's
+# ext_vector_type has none of them; bfloat vectors, and half vectors in the emulator, are classes)
+
+def test_vector_constructor_from_scalars_and_vectors_is_accepted() -> None:
+    """MSL spec 2.2 Vector Data Types (vector constructors): a vector Tn is constructed from scalars and
+    vectors of its element type whose components add up to n, in order -- float4(float x, float y,
+    float z, float w), float4(float2 a, float b, float c), float4(float a, float3 b) ... -- or from one
+    scalar, replicated in every component (float4(float x))."""
+    _accepted(_kernel("vec_scalars", "float4 f = float4(x[i], 1.0f, 2.0f, 3.0f);\n  out[i] = f.x + f.w;"),
+              _kernel("vec_mixed", "float2 a = float2(x[i], -x[i]);\n  float4 f = float4(a, 2.0f, 3.0f);\n"
+                      "  float3 g = float3(1.0f, a);\n  float4 s = float4(x[i]);\n"
+                      "  out[i] = f.y + f.z + g.z + s.w;"),
+              _kernel("vec_int", "uint4 u = uint4(i, 1u, uint2(2u, 3u));\n  int2 n = int2(1);\n"
+                      "  out[i] = x[i] + float(u.z) + float(n.y);"))
+
+
+def test_vector_constructor_components_must_add_up() -> None:
+    """MSL spec 2.2 (vector constructors, as above): only argument lists whose components add up to the
+    vector's are constructors (or one scalar): float4(x, y) of two scalars is none; neither is a vector
+    of other element type among several arguments (there is no implicit vector conversion, 2.12)."""
+    _refused(_kernel("vec_two_of_four", "float4 f = float4(x[i], 1.0f);\n  out[i] = f.x;"),
+             "components do not add up")
+    _refused(_kernel("vec_three_in_four", "float3 a = float3(x[i]);\n  float4 f = float4(a);\n"
+                     "  out[i] = f.x;"),
+             "components do not add up")
+    _refused(_kernel("vec_half_parts", "half2 h = half2(half(1.0f));\n  float4 f = float4(h, h);\n"
+                     "  out[i] = f.x;"),
+             "a vector argument of another element type")
+
+
+def test_explicit_vector_conversion_is_accepted_and_implicit_refused() -> None:
+    """MSL spec 2.12 Type Conversions and Re-interpreting Data: an explicit conversion between vector
+    types of the same number of components converts each element (half4(float4), int4(float4),
+    float4(uint4)); an implicit conversion between vector types is an error (Metal's compiler: "cannot
+    convert between vector values of different size"; SPIRV-Cross casts explicitly for that reason).
+    clang's ext_vector_type would bit-cast or refuse: the model converts element-wise, as Metal does."""
+    _accepted(_kernel("vec_to_half", "float4 f = float4(x[i]);\n  half4 h = half4(f);\n"
+                      "  int4 n = int4(f);\n  float4 g = float4(uint4(n));\n  out[i] = float(h.y) + g.x;"))
+    _refused(_kernel("vec_implicit_half", "float4 f = float4(x[i]);\n  half4 h = f;\n  out[i] = float(h.x);"),
+             "cannot initialize a variable of type")
+
+
+def test_bfloat_vectors_convert_explicitly_from_and_to_float() -> None:
+    """MSL spec 2.1 and 2.2 (MSL 3.1+): bfloat has vector types bfloat2, bfloat3, bfloat4; like bfloat
+    itself (converted only explicitly from float), a bfloat vector is built from a float vector by an
+    explicit conversion (bfloat4(float4)) and converts back explicitly (float4(bfloat4)); implicitly
+    in neither direction, and a float scalar does not fill a bfloat vector unconverted."""
+    _accepted(_kernel("bf_vec", "float4 f = float4(x[i], 1.0f, 2.0f, 3.0f);\n  bfloat4 b = bfloat4(f);\n"
+                      "  bfloat4 c = b * b + b;\n  bfloat2 d = bfloat2(bfloat(2.0f));\n"
+                      "  float4 g = float4(c);\n  out[i] = g.x + float(b.w) + float(d.y);"))
+    _refused(_kernel("bf_vec_implicit", "float4 f = float4(x[i]);\n  bfloat4 b = f;\n  out[i] = float(b.x);"),
+             "no viable conversion")
+    _refused(_kernel("bf_vec_back", "bfloat4 b = bfloat4(float4(x[i]));\n  float4 f = b;\n  out[i] = f.x;"),
+             "no viable conversion")
+    _refused(_kernel("bf_vec_float_scalar", "bfloat4 b = bfloat4(x[i]);\n  out[i] = float(b.x);"),
+             "no viable conversion")
+
+
+def test_vector_constructor_rewrite_leaves_declarations_alone() -> None:
+    """The rewrite (msl_clang.vector_constructors) turns calls, not declarations, members or another
+    namespace's names, and keeps lines."""
+    src = ("inline float4 kf_f(float4 v) {\n  return float4(v.xy, metal::float2(v.z, 1.0f));\n}\n"
+           "operator float4(void) const;\nfloat4 z = float4();\n"
+           "q.float4(v); ns::half2(v); p->int2(v); my_float4(v);\n"
+           "vec<half, 4>(f);")
+    out = vector_constructors(src)
+    assert out.splitlines()[0] == "inline float4 kf_f(float4 v) {"
+    assert "return kf_make_vector<float4>(v.xy, kf_make_vector<metal::float2>(v.z, 1.0f));" in out
+    assert "operator float4(void) const;" in out and "float4 z = float4();" in out
+    assert "q.float4(v); ns::half2(v); p->int2(v); my_float4(v);" in out
+    assert "kf_make_vector<vec<half, 4>>(f);" in out
+    assert out.count("\n") == src.count("\n")
