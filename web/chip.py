@@ -1,6 +1,6 @@
 """Chip page (``/chips/{chip}``): per kernel and shape, the best time per run over time with its
 p10–p90 band, points marked by MLX version; the best config per shape and the speedup over the
-built-in."""
+built-in; MLX's runtime settings its workers chose (``kernelfleet settings push``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy import select
 
 from kernelfleet.service.deps import DbDep
-from kernelfleet.service.models import Result, Worker
+from kernelfleet.service.models import Result, RuntimeSetting, Worker
 from kernelfleet.web.downloads import result_links
 from kernelfleet.web.errors import PageNotFound
 from kernelfleet.web.figures import series_figure
@@ -71,9 +71,16 @@ def chip_page(
             extra = [c for c in where[1:]]
             for shape, points in run_points(session, chip, selected, runs, *extra).items():
                 charts.append({"shape": shape, "figure": series_figure(points), "runs": len(points)})
+        settings = session.execute(
+            select(RuntimeSetting.mlx_version, RuntimeSetting.entry, RuntimeSetting.measured_at)
+            .where(RuntimeSetting.chip == chip)
+            .order_by(RuntimeSetting.mlx_version.desc(), RuntimeSetting.model, RuntimeSetting.dtype,
+                      RuntimeSetting.workload)
+        ).all()
         return page(
             request,
             "chip.html",
+            runtime_settings=settings,
             title=chip,
             chip=chip,
             kernels=kernels,

@@ -24,6 +24,7 @@ custom kernels (CPU) the kernel path runs the catalog's built-ins.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +66,7 @@ class PatchReport:
     profile: str
     backend: str
     dtype: str
+    runtime_settings: str | None = None  # the chip's pulled MLX runtime settings for this model, if any
     _undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
     @property
@@ -92,7 +94,8 @@ class PatchReport:
                 f"(profile: {self.profile}; backend: {self.backend})")
         if self.backend == "cpu":
             head += "\n  (no custom kernels on CPU: where the profile picks one, the catalog's built-in runs)"
-        return "\n".join([head, *("  " + line for line in self.summary())])
+        tail = [f"  {self.runtime_settings}"] if self.runtime_settings else []
+        return "\n".join([head, *("  " + line for line in self.summary()), *tail])
 
 
 def _decide(site: Site, view: ProfileView, dtype: str) -> tuple[bool, str]:
@@ -186,8 +189,40 @@ def patch(model: nn.Module, profile: str | Path | dict[str, Any] | None = None, 
         for child in site.consumes:
             consumed.add(id(getattr(module, child)))
     report.modules.sort(key=lambda m: m.path)
+    report.runtime_settings = runtime_settings_line(model, target.chip)
     setattr(model, ATTR, report)
     return report
+
+
+def runtime_settings_line(model: nn.Module, chip: str) -> str | None:
+    """What the chip's pulled runtime-settings file (``kernelfleet pull``) chose for this model's
+    shape, and whether this process runs with it. MLX is imported by now and reads its settings once,
+    so the patch sets nothing: it names what to export before Python starts."""
+    from kernelfleet.worker.runtime_settings import settings_file
+
+    path = settings_file.installed_path(chip)
+    args = getattr(model, "args", None)
+    if not path.exists() or args is None:
+        return None
+    try:
+        body = settings_file.read(path)
+        key = settings_file.shape_key(vars(args))
+    except (settings_file.SettingsFileError, KeyError, TypeError):
+        return None
+    entries = settings_file.select(body, key)
+    if not entries:
+        return None
+    chosen = {f"{k}={v}": e for e in entries for k, v in e.get("settings", {}).items()}
+    if not chosen:
+        return f"runtime settings ({path.name}): MLX's defaults, for {key} at every measured workload"
+    missing = [kv for kv in chosen if os.environ.get(kv.split("=", 1)[0]) != kv.split("=", 1)[1]]
+    deciding = {id(e): e for e in chosen.values()}.values()
+    why = ", ".join(f"{e['workload']} {e.get('gain', 1.0):.2f}x" for e in deciding)
+    if not missing:
+        return f"runtime settings ({path.name}): {' '.join(chosen)} in effect ({why})"
+    return (f"runtime settings ({path.name}) chose {' '.join(chosen)} for {key} ({why}); this process "
+            f"runs without {' '.join(missing)}: MLX reads them once, at start-up, so export them before "
+            f"Python starts, or call kernelfleet.apply_settings before importing mlx")
 
 
 def unpatch(model: nn.Module) -> nn.Module:

@@ -79,6 +79,24 @@ def test_tuned_settings_reach_another_machine_through_push_and_pull(
     assert json.loads(ran.stdout.splitlines()[0]) == entry["settings"]
     assert "mlx imported: False" in ran.stdout
 
+    # kernelfleet.patch says what the pulled file chose for this model (MLX is imported by then: it
+    # names what to export, and sets nothing)
+    import kernelfleet
+    from kernelfleet.kernels.patch.model_build import build
+
+    tiny = build(json.loads(model.read_text()), "float32", None)
+    line = kernelfleet.patch(tiny).runtime_settings
+    kernelfleet.unpatch(tiny)
+    assert line is not None and installed.name in line
+    if not entry["settings"]:
+        assert "MLX's defaults" in line
+    chosen = {**body, "entries": [{**entry, "settings": {"MLX_BFS_MAX_WIDTH": "5"}}]}
+    settings_file.write(chosen, installed)  # as if the search had chosen a width: the report's other branch
+    line = kernelfleet.patch(tiny).runtime_settings
+    kernelfleet.unpatch(tiny)
+    assert line is not None and "runs without MLX_BFS_MAX_WIDTH=5" in line and "export" in line
+    settings_file.write(body, installed)
+
     # a second push of the same key replaces the row: one entry per (model, dtype, workload)
     r = kf_here("settings", "push", str(tuned), "--state-dir", str(state))
     assert r.exit_code == 0, r.stderr[-2000:]
@@ -101,6 +119,12 @@ def test_tuned_settings_reach_another_machine_through_push_and_pull(
         assert missing.status_code == 404 and repr(chip.name) in missing.json()["detail"]
         again = c.get(f"/runtime-settings/{chip.name}", headers=admin)
         assert again.json()["entries"] == got.json()["entries"]
+
+    # the chip's dashboard page lists them
+    page = httpx.get(f"{coordinator.url}/chips/{chip.name}", headers=admin, timeout=30)
+    assert page.status_code == 200
+    table = page.text.split('id="runtime-settings"', 1)[1].split("</table>", 1)[0]
+    assert 'data-workload="decode:1"' in table and entry["model"] in table
 
     # the CLI says why a push was refused, with a non-zero exit
     wrong = tmp_path / "wrong.settings.json"
