@@ -52,7 +52,8 @@ def test_patch_cost_runs_every_section(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_patch_cost_quantized_sections(tmp_path: Path) -> None:
-    """--quantized: one QuantizedLinear four ways and the decode step, with the GPU's call structure
+    """--quantized: one QuantizedLinear four ways and the decode step stock, with raw kernel calls and
+    patched, with the GPU's call structure
     emulated on CPU (the custom path a compiled graph of MLX's op) and no profile (every planned
     quantized_matmul shape at the kernel's default config)."""
     config = tmp_path / "config.json"
@@ -66,5 +67,10 @@ def test_patch_cost_quantized_sections(tmp_path: Path) -> None:
     assert "quantized linear 128 -> 128, 8-bit group 32, bfloat16: host µs a call" in out
     for b in (1, 2):
         assert f"  batch {b} (" in out and f"decode batch {b}, 2 layers: host µs to build one step" in out
-    assert out.count("patched - raw kernel call") == 2
+    assert out.count("    patched - raw kernel call") == 2  # one call alone
+    # the decode step against the raw kernel calls, where the issue's target is measured
+    assert out.count("per quantized call: patched - raw kernel call") == 2
+    for b in (1, 2):  # every quantized layer swapped for its runner on the raw side
+        step = out.split(f"decode batch {b}, 2 layers")[1]
+        assert "raw kernel calls" in step.split("(15 a step), patched")[0]
     assert "µs a patched quantized call (15 a step)" in out  # 7 a layer and the LM head
