@@ -315,3 +315,33 @@ def test_serve_and_its_background_process_end_together(coordinator_factory, migr
     assert not _alive_named(background[0], "kf-background"), "kf-background outlived serve by 5 s"
     assert not _lock_held(coordinator.db_url), "a lock outlived serve by 5 s"
     print(f"{signal.Signals(sig).name}: kf-background and its lock gone {gone:.2f} s after the signal")
+
+
+@pytest.mark.coordinator_process  # serve's own signal handling is the subject
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # nothing here depends on the database
+def test_a_long_polled_lease_gets_204_when_serve_shuts_down(coordinator_factory) -> None:  # type: ignore[no-untyped-def]
+    """A worker waiting on a long-polled lease gets 204 (nothing to do) as soon as serve is told to
+    stop, and serve exits: its graceful shutdown does not wait out the poll (`make run`'s Ctrl-C took
+    10 s with its idle local worker). Before, the request held the shutdown until uvicorn's 10 s
+    graceful timeout cancelled it: the worker got a 500."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from coordinator_helpers import enroll
+
+    coordinator = coordinator_factory(KERNELFLEET_LEASE_WAIT_MAX_SECONDS="300")
+    assert coordinator.proc is not None
+    _, token = enroll(coordinator)
+
+    def poll() -> httpx.Response:
+        with coordinator.client(token) as w:
+            return w.post("/leases", json={"wait_seconds": 300}, timeout=600)
+
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(poll)
+        time.sleep(1.0)  # the request on its way (if not yet waiting, it finds serve stopping: 204 too)
+        assert not answer.done(), answer.result().text
+        os.kill(coordinator.proc.pid, signal.SIGTERM)
+        assert answer.result(timeout=120).status_code == 204
+    coordinator.proc.wait(timeout=60)
+    coordinator.proc = None
+    assert "Traceback" not in coordinator.logs(), coordinator.logs()[-3000:]
