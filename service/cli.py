@@ -26,6 +26,7 @@ from kernelfleet.service.settings import Settings
 
 if TYPE_CHECKING:
     from kernelfleet.service.local_worker import LocalWorker
+    from kernelfleet.service.longpoll import LeaseWaiters
 
 err = Console(stderr=True, soft_wrap=True)
 out = Console()
@@ -52,20 +53,24 @@ def _settings(**overrides: object) -> Settings:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, which also tells the local worker to stop as soon as an exit signal arrives.
+    """uvicorn's server, which also tells the local worker to stop as soon as an exit signal arrives,
+    and ends the long-polled lease requests then (their workers get 204 at once, rather than holding
+    the graceful shutdown for the rest of their wait).
 
     uvicorn re-raises SIGTERM after its graceful shutdown, so a ``finally`` after ``run()`` may never
     run; stopping the worker from the signal handler lets it release or post its job while the
     API still answers.
     """
 
-    def __init__(self, config: uvicorn.Config, worker: LocalWorker | None) -> None:
+    def __init__(self, config: uvicorn.Config, worker: LocalWorker | None, waiters: LeaseWaiters) -> None:
         super().__init__(config)
         self.local_worker = worker
+        self.lease_waiters = waiters
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.local_worker is not None:
             self.local_worker.request_stop()
+        self.lease_waiters.stop_waiting()
         super().handle_exit(sig, frame)
 
 
@@ -154,7 +159,7 @@ def serve(
 
         worker = LocalWorker(app.state.session_factory, settings.local_url,
                              settings.resolved_data_dir())
-    server = _Server(config, worker)
+    server = _Server(config, worker, app.state.lease_waiters)
     freeze_start_up_objects()
     if worker is not None:
         worker.start()

@@ -65,19 +65,30 @@ class LeaseWaiters:
         self._poll_seconds = poll_seconds
         self._waiters: dict[_Waiter, None] = {}  # insertion-ordered: oldest first, O(1) removal
         self._poller: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
 
     @property
     def waiting(self) -> int:
         return len(self._waiters)
 
+    @property
+    def stopping(self) -> bool:
+        """The server is shutting down: no request waits for work any more."""
+        return self._stopping
+
     async def wait(self, backend: Backend, chip: str, seconds: float) -> bool:
-        """Wait until work for this machine may be available (True) or ``seconds`` pass (False)."""
+        """Wait until work for this machine may be available (True) or ``seconds`` pass (False); False
+        at once when the server is shutting down (:meth:`stop_waiting`)."""
+        if self._stopping:
+            return False
+        self._loop = asyncio.get_running_loop()
         waiter = _Waiter((backend, chip))
         self._waiters[waiter] = None
         self._ensure_poller()
         try:
             await asyncio.wait_for(waiter.woken, timeout=seconds)
-            return True
+            return not self._stopping
         except TimeoutError:
             return False
         finally:
@@ -106,6 +117,21 @@ class LeaseWaiters:
                     w.woken.set_result(None)
                     self._waiters.pop(w, None)
                     ready[w.machine] = n - 1
+
+    def stop_waiting(self) -> None:
+        """The server is shutting down: every waiting request ends now (its worker gets 204 and Retry-After)
+        and no new one waits. Otherwise each long poll would hold the graceful shutdown until it timed
+        out (a worker's --lease-wait, 10 s), while the worker, asked to stop too, waits for its answer.
+        Safe from a signal handler or another thread: the waiters are woken on their event loop."""
+        self._stopping = True
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._wake_all)
+
+    def _wake_all(self) -> None:
+        for w in list(self._waiters):
+            if not w.woken.done():
+                w.woken.set_result(None)
+        self._waiters.clear()
 
     async def close(self) -> None:
         if self._poller is not None:

@@ -66,6 +66,11 @@ class _Abandon(BaseException):
         self.reason = reason
 
 
+class _PollAbandoned(BaseException):
+    """Raised into an idle lease poll by :meth:`Agent.abandon_poll` (from the stop signal's handler):
+    a BaseException, so that no handler on the way (httpx's, the client's) takes it for an error."""
+
+
 @dataclass
 class AgentConfig:
     coordinator: str
@@ -137,6 +142,7 @@ class Agent:
         self.jobs_run = 0
         self.worker_id: int | str | None = None
         self._current: _JobRun | None = None
+        self._polling: int | None = None  # the thread waiting on a lease poll, if one is
 
     # ------------------------------------------------------------------ control
 
@@ -147,6 +153,15 @@ class Agent:
         if self._stop_deadline is None or deadline < self._stop_deadline:
             self._stop_deadline = deadline
         self.stop_event.set()
+
+    def abandon_poll(self) -> None:
+        """Called from a signal handler after :meth:`request_stop`: if the interrupted thread is
+        waiting on a lease poll (long-polled: up to --lease-wait), give that up and stop now rather
+        than when the poll answers. Raises into the poll; the loop then ends. A lease the coordinator
+        grants meanwhile is given back (it sees the client gone), or, unconfirmed, returns to the queue
+        by itself."""
+        if self._polling is not None and self._polling == threading.get_ident():
+            raise _PollAbandoned
 
     def _past_grace(self) -> bool:
         return self._stop_deadline is not None and time.monotonic() >= self._stop_deadline
@@ -197,7 +212,13 @@ class Agent:
             logger.info("ran %d job(s) (--max-jobs); exiting", self.jobs_run)
             return False
         try:
-            lease = self.client.poll(self.config.lease_wait_seconds)
+            try:
+                self._polling = threading.get_ident()
+                lease = self.client.poll(self.config.lease_wait_seconds)
+            finally:
+                self._polling = None
+        except _PollAbandoned:
+            return False
         except Unauthorized as e:
             raise self._revoked(e.detail) from e
         except CoordinatorError as e:

@@ -146,6 +146,7 @@ def worker(
                       + (f"stopping; the current job gets up to {grace_seconds:g}s to finish" if first
                          else "stopping now; giving the current job back"))
         agent.request_stop(immediate=not first)
+        agent.abandon_poll()  # idle, waiting on a lease poll: stop now, not when it answers
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)

@@ -76,13 +76,14 @@ async def lease(call: WorkerCallDep, settings: SettingsDep, request: Request,
 
 
 async def _wait(waiters: LeaseWaiters, request: Request, backend: Backend, chip: str, seconds: float) -> bool:
-    """Wait for work (True) until ``seconds`` pass or the client goes away (False)."""
+    """Wait for work (True) until ``seconds`` pass, the client goes away or the server shuts down
+    (False)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     while (left := deadline - loop.time()) > 0:
         if await waiters.wait(backend, chip, min(left, 1.0)):
             return True
-        if await request.is_disconnected():
+        if waiters.stopping or await request.is_disconnected():
             return False
     return False
 

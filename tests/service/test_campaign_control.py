@@ -11,8 +11,10 @@ import time
 from typing import Any
 
 import httpx
+from click.testing import Result
 from conftest import Coordinator, kernelfleet_cmd
 from coordinator_helpers import complete, create_campaign, enroll, lease, make_report, shapes
+from inproc import run_cli
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -139,10 +141,9 @@ def test_retry_dead_and_failed_jobs(coordinator: Coordinator) -> None:
     worker.close()
 
 
-def _cli(coordinator: Coordinator, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(kernelfleet_cmd("admin", *args, "--coordinator", coordinator.url,
-                                          "--admin-token", coordinator.admin_token),
-                          capture_output=True, text=True, timeout=120)
+def _cli(coordinator: Coordinator, *args: str) -> Result:
+    """``kernelfleet admin ARGS`` in this process (click's runner; ``exit_code`` for the status)."""
+    return run_cli("admin", *args, "--coordinator", coordinator.url, "--admin-token", coordinator.admin_token)
 
 
 def test_no_matching_worker_warning_and_cli(coordinator: Coordinator) -> None:
@@ -157,23 +158,26 @@ def test_no_matching_worker_warning_and_cli(coordinator: Coordinator) -> None:
     chip = create_campaign(coordinator, name="m3", target_chip="Apple M3*")
     assert "'Apple M3*'" in chip["warnings"][0]
 
-    made = _cli(coordinator, "campaign", "create", "--name", "cli", "--kernel", "rmsnorm", "--shape",
-                "4096x4096", "--dtype", "float16", "--backend", "metal")
+    # the one real `kernelfleet` process here (the installed entry point); the rest run in-process
+    create = ("admin", "campaign", "create", "--name", "cli", "--kernel", "rmsnorm", "--shape", "4096x4096",
+              "--dtype", "float16", "--backend", "metal", "--coordinator", coordinator.url,
+              "--admin-token", coordinator.admin_token)
+    made = subprocess.run(kernelfleet_cmd(*create), capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr
     assert "warning:" in made.stderr and "no enrolled worker matches metal" in made.stderr
     listed = _cli(coordinator, "campaign", "list", "--json")
-    assert listed.returncode == 0, listed.stderr
+    assert listed.exit_code == 0, listed.stderr
     rows = json.loads(listed.stdout)
     cli_id = next(r["id"] for r in rows if r["name"] == "cli")
     cancelled = _cli(coordinator, "campaign", "cancel", str(cli_id))
-    assert cancelled.returncode == 0 and "1 queued job(s) cancelled" in cancelled.stdout, cancelled.stderr
+    assert cancelled.exit_code == 0 and "1 queued job(s) cancelled" in cancelled.stdout, cancelled.stderr
     retried = _cli(coordinator, "campaign", "retry", str(cli_id))
-    assert retried.returncode == 1 and "is cancelled" in retried.stderr
+    assert retried.exit_code == 1 and "is cancelled" in retried.stderr
     deleted = _cli(coordinator, "campaign", "delete", str(cli_id))
-    assert deleted.returncode == 0 and f"campaign {cli_id} deleted" in deleted.stdout, deleted.stderr
+    assert deleted.exit_code == 0 and f"campaign {cli_id} deleted" in deleted.stdout, deleted.stderr
     for args in (("workers", "list"), ("jobs", "list"), ("regressions", "list"), ("webhooks", "list")):
         got = _cli(coordinator, *args, "--json")
-        assert got.returncode == 0, (args, got.stderr)
+        assert got.exit_code == 0, (args, got.stderr)
         assert isinstance(json.loads(got.stdout), list), args
     jobs = json.loads(_cli(coordinator, "jobs", "list", "--json", "--campaign", str(none["id"])).stdout)
     assert [j["campaign_id"] for j in jobs] == [none["id"]]

@@ -5,14 +5,13 @@ Each runs on SQLite and, when configured, PostgreSQL."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from conftest import Coordinator, kernelfleet_cmd
+from conftest import Coordinator
 from coordinator_helpers import create_campaign, enroll, lease, make_report
+from inproc import run_cli
 from sampling import covered, rotating
 from sqlalchemy import func, select
 
@@ -118,8 +117,8 @@ def test_a_shared_measurement_is_stored_and_shown_on_its_run(coordinator: Coordi
 def test_the_committed_reports_import(coordinator: Coordinator, tmp_path: Path) -> None:
     """Every committed ``benchmarks/results/*_tuning.jsonl`` reads and validates as ``kernelfleet import``
     reads it (older ones have no measured_at, some a null golden sample); a rotating sample of them,
-    one of the older format among them, imports through the CLI, and importing one again stores nothing
-    twice. (All of them under ``make test-full``: importing the 10 MB took 160 s a backend.)"""
+    one of the older format among them, imports through the CLI (in-process), and importing one again
+    stores nothing twice. (All of them under ``make test-full``: importing the 10 MB took 160 s a backend.)"""
     files = sorted(RESULTS.glob("*_tuning.jsonl"))
     assert len(files) >= 5
     for f in files:
@@ -132,9 +131,9 @@ def test_the_committed_reports_import(coordinator: Coordinator, tmp_path: Path) 
 
     for rerun in (False, True):
         for f in picked if not rerun else picked[:1]:
-            done = subprocess.run(kernelfleet_cmd("import", str(f), "--coordinator", coordinator.url),
-                                  capture_output=True, text=True, env={**os.environ, **env}, timeout=300)
-            assert done.returncode == 0, done.stderr
+            # in-process (click's runner); test_cli_wording runs `kernelfleet import` as a process
+            done = run_cli("import", str(f), "--coordinator", coordinator.url, env=env)
+            assert done.exit_code == 0, done.stderr
             if rerun:
                 assert "imported 0 reports" in done.stdout and "already imported before" in done.stdout
     lines = sum(len([x for x in f.read_text().splitlines() if x.strip()]) for f in picked)

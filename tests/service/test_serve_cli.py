@@ -15,10 +15,16 @@ import httpx
 import pytest
 from conftest import Coordinator, free_port, kernelfleet_cmd
 from coordinator_helpers import make_report
+from inproc import run_cli as run_in_process
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None,
-            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60,
+            process: bool = True) -> subprocess.CompletedProcess[str]:
+    """``kernelfleet ARGS`` as a subprocess of the installed CLI, without the admin token from the
+    environment; or (``process=False``) in this process, under click's runner."""
+    if not process:
+        r = run_in_process(*args, env={"KERNELFLEET_ADMIN_TOKEN": None, **(env or {}), "COLUMNS": "200"})
+        return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
     full = dict(os.environ)
     full.pop("KERNELFLEET_ADMIN_TOKEN", None)
     full.update(env or {})
@@ -98,31 +104,35 @@ def test_local_mode_generates_an_admin_token_once_and_keeps_it(tmp_path: Path) -
 
 
 def test_admin_cli_end_to_end(coordinator: Coordinator) -> None:
+    """In-process (click's runner): the admin commands' real processes run in
+    test_admin_cli_errors_are_clear, test_campaign_control and test_cli_wording."""
     env = {"KERNELFLEET_ADMIN_TOKEN": coordinator.admin_token}
     base = ("--coordinator", coordinator.url)
     r = run_cli("admin", "campaign", "create", "--name", "norms", "--kernel", "rmsnorm",
                 "--kernel", "softmax", "--shape", "4096x4096", "--dtype", "float16", "--backend", "cuda",
                 "--chip", "NVIDIA H100*",
-                "--max-attempts", "4", *base, env=env)
+                "--max-attempts", "4", *base, env=env, process=False)
     assert r.returncode == 0, r.stderr
     assert "2 jobs queued for cuda NVIDIA H100*" in r.stdout
-    r = run_cli("admin", "campaign", "list", *base, env=env)
+    r = run_cli("admin", "campaign", "list", *base, env=env, process=False)
     assert r.returncode == 0 and "norms" in r.stdout and "rmsnorm,softmax" in r.stdout
-    r = run_cli("admin", "jobs", "list", "--campaign", "1", "--state", "queued", *base, env=env)
+    r = run_cli("admin", "jobs", "list", "--campaign", "1", "--state", "queued", *base, env=env,
+                process=False)
     assert r.returncode == 0 and "2 jobs" in r.stdout and "0/4" in r.stdout
 
-    r = run_cli("admin", "enroll-token", "--ttl", "60", *base, "--admin-token", coordinator.admin_token)
+    r = run_cli("admin", "enroll-token", "--ttl", "60", *base, "--admin-token", coordinator.admin_token,
+                process=False)
     assert r.returncode == 0, r.stderr
     enroll_token = next(line for line in r.stdout.splitlines() if line.startswith("kfe_"))
     with coordinator.client() as c:
         w = c.post("/workers/enroll", json={"enrollment_token": enroll_token, "name": "mac-mini",
                                             "chip": "Apple M4", "backend": "metal"})
         assert w.status_code == 201
-    r = run_cli("admin", "workers", "list", *base, env=env)
+    r = run_cli("admin", "workers", "list", *base, env=env, process=False)
     assert r.returncode == 0 and "mac-mini" in r.stdout and "online" in r.stdout
-    r = run_cli("admin", "workers", "revoke", str(w.json()["worker_id"]), *base, env=env)
+    r = run_cli("admin", "workers", "revoke", str(w.json()["worker_id"]), *base, env=env, process=False)
     assert r.returncode == 0 and "revoked" in r.stdout
-    r = run_cli("admin", "workers", "list", *base, env=env)
+    r = run_cli("admin", "workers", "list", *base, env=env, process=False)
     assert "revoked" in r.stdout
 
 
@@ -315,3 +325,33 @@ def test_serve_and_its_background_process_end_together(coordinator_factory, migr
     assert not _alive_named(background[0], "kf-background"), "kf-background outlived serve by 5 s"
     assert not _lock_held(coordinator.db_url), "a lock outlived serve by 5 s"
     print(f"{signal.Signals(sig).name}: kf-background and its lock gone {gone:.2f} s after the signal")
+
+
+@pytest.mark.coordinator_process  # serve's own signal handling is the subject
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # nothing here depends on the database
+def test_a_long_polled_lease_gets_204_when_serve_shuts_down(coordinator_factory) -> None:  # type: ignore[no-untyped-def]
+    """A worker waiting on a long-polled lease gets 204 (nothing to do) as soon as serve is told to
+    stop, and serve exits: its graceful shutdown does not wait out the poll (`make run`'s Ctrl-C took
+    10 s with its idle local worker). Before, the request held the shutdown until uvicorn's 10 s
+    graceful timeout cancelled it: the worker got a 500."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from coordinator_helpers import enroll
+
+    coordinator = coordinator_factory(KERNELFLEET_LEASE_WAIT_MAX_SECONDS="300")
+    assert coordinator.proc is not None
+    _, token = enroll(coordinator)
+
+    def poll() -> httpx.Response:
+        with coordinator.client(token) as w:
+            return w.post("/leases", json={"wait_seconds": 300}, timeout=600)
+
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(poll)
+        time.sleep(1.0)  # the request on its way (if not yet waiting, it finds serve stopping: 204 too)
+        assert not answer.done(), answer.result().text
+        os.kill(coordinator.proc.pid, signal.SIGTERM)
+        assert answer.result(timeout=120).status_code == 204
+    coordinator.proc.wait(timeout=60)
+    coordinator.proc = None
+    assert "Traceback" not in coordinator.logs(), coordinator.logs()[-3000:]

@@ -424,7 +424,8 @@ def _insert_regressions(filled: Filled) -> None:
 
 
 def filled_coordinator(backend: str, workdir: Path, *, empty: bool = False, **env: str) -> Iterator[Filled]:
-    """A migrated database (SQLite file or a fresh PostgreSQL database), a running coordinator on it,
+    """A migrated database (SQLite file or a fresh PostgreSQL database), a running coordinator on it
+    (in-thread),
     filled through the API (left empty with ``empty=True``). Same pattern as the ``coordinator``
     fixture, for a module scope."""
     pg_name = None
@@ -442,9 +443,9 @@ def filled_coordinator(backend: str, workdir: Path, *, empty: bool = False, **en
         )
         # the one leased job stays leased while a test module reads the pages (minutes on a busy host)
         env = {"KERNELFLEET_LEASE_SECONDS": "3600", **env}
-        c = Coordinator(
-            db_url=url, workdir=workdir, admin_token="adm-" + secrets.token_urlsafe(24), env_overrides=env
-        )
+        # in-thread (the app under uvicorn in this process): the pages' subject is not processes
+        c = Coordinator(db_url=url, workdir=workdir, admin_token="adm-" + secrets.token_urlsafe(24),
+                        env_overrides=env, process=False)
         c.start()
         try:
             yield Filled(c) if empty else fill(c)

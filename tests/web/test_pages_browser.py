@@ -86,8 +86,8 @@ def check_pages(browser: Any, base: str, paths: list[str], shots: Path, ok_statu
     for width in WIDTHS:
         for path in paths:
             opened = open_page(browser, base + path, width=width)
-            shoot(opened, shots, f"{width}{path}")
             found = opened.page.evaluate(LAYOUT_JS)
+            before = len(problems)
             where = f"{path} at {width} px"
             if opened.status != ok_status:
                 problems.append(f"{where}: HTTP {opened.status}")
@@ -105,6 +105,8 @@ def check_pages(browser: Any, base: str, paths: list[str], shots: Path, ok_statu
                       if ok_status == 200 or "Failed to load resource" not in e]
             if errors:
                 problems.append(f"{where}: {errors}")
+            if len(problems) > before:  # a full-page screenshot of each page that failed, to look at
+                problems.append(f"  screenshot: {shoot(opened, shots, f'{width}{path}')}")
             opened.page.close()
     assert not problems, "\n".join(problems)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.server
 import stat
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -210,6 +211,22 @@ def test_sigterm_finishes_within_grace_or_releases(coordinator_factory: Any, tmp
     assert states[leased["id"]] == "done"
     assert list(states.values()).count("done") == 1, "after SIGTERM it must lease nothing new"
     assert [r["job_id"] for r in results(coordinator)] == [leased["id"]]
+
+
+def test_sigterm_while_idle_in_a_lease_poll_stops_at_once(coordinator_factory: Any, tmp_path: Path) -> None:
+    """An idle worker waits on a long-polled lease (here up to 300 s); SIGTERM gives that poll up
+    instead of waiting for its answer: it exits 0 well before the poll would end (the 120 s bound is
+    a stall detector), having leased nothing."""
+    coordinator = coordinator_factory(KERNELFLEET_LEASE_WAIT_MAX_SECONDS="300")
+    idle = start_worker(coordinator.url, tmp_path / "idle", "idle", "--lease-wait", "300",
+                        enroll_token=mint_enroll_token(coordinator))
+    wait_for("enrolled", lambda: workers(coordinator).get("idle"), diagnostics=idle.log)
+    time.sleep(1.0)  # its first lease poll follows enrollment at once (a signal before it stops it too)
+    idle.terminate()
+    assert idle.wait(120) == 0, idle.log()
+    assert "worker stopped after 0 jobs" in idle.log() and "Traceback" not in idle.log(), idle.log()
+    create_campaign(coordinator, ["4x64"], ["float32"])  # nothing was leased: the job stays queued
+    assert [j["state"] for j in jobs(coordinator)] == ["queued"]
 
 
 def test_revoked_worker_stops_mid_job_and_says_so(coordinator_factory: Any, tmp_path: Path) -> None:
