@@ -38,9 +38,9 @@ from typing import Any
 
 import mlx.core as mx
 
+from kernelfleet import runtime_settings_file as settings_file
 from kernelfleet.chips import gpu_backend_available
 from kernelfleet.kernels.patch.model_build import TINY, load_config, parse_dtype
-from kernelfleet.worker.runtime_settings import settings_file
 from kernelfleet.worker.runtime_settings.knobs import knobs
 from kernelfleet.worker.runtime_settings.search import Objective, against_control, search
 from kernelfleet.worker.runtime_settings.sides import CONTROL, STOCK, compare, key, measure_rounds

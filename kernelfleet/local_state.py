@@ -8,6 +8,7 @@ imports nothing of KernelFleet's."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from platformdirs import user_data_dir
@@ -17,6 +18,18 @@ ADMIN_TOKEN_FILE = "admin_token"
 
 def default_data_dir() -> Path:
     return Path(user_data_dir("kernelfleet", appauthor=False))
+
+
+def profile_dir() -> Path:
+    """Where ``kernelfleet pull`` installs a chip's profile and runtime settings:
+    ``$KERNELFLEET_PROFILE_DIR`` or ``<user data dir>/profiles``."""
+    env = os.environ.get("KERNELFLEET_PROFILE_DIR")
+    return Path(env) if env else default_data_dir() / "profiles"
+
+
+def chip_slug(chip: str) -> str:
+    """A chip's name as a file name: ``Apple M3 Max`` -> ``Apple_M3_Max``."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", chip).strip("_") or "unknown"
 
 
 def default_database_url() -> str:

@@ -14,10 +14,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kernelfleet.console import stdout_console
 from kernelfleet.service.client import DEFAULT_COORDINATOR, AdminClient, ClientError, resolve_admin_token
 from kernelfleet.worker.plural import plural
 
-out = Console()
+out = stdout_console()
 err = Console(stderr=True, soft_wrap=True)
 
 admin_app = typer.Typer(help="Administer a coordinator: tokens, adding workers, workers, campaigns, jobs.",

@@ -15,6 +15,7 @@ import typer
 import uvicorn
 from rich.console import Console
 
+from kernelfleet.console import stdout_console
 from kernelfleet.service import admin_cli, import_cli
 from kernelfleet.service.serve_checks import (
     PortInUse,
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from kernelfleet.service.longpoll import LeaseWaiters
 
 err = Console(stderr=True, soft_wrap=True)
-out = Console()
+out = stdout_console()
 logger = logging.getLogger(__name__)
 
 # idle keep-alive connections stay open this long (uvicorn's default is 5 s): longer than a load

@@ -11,10 +11,11 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
+from kernelfleet.console import stdout_console
 from kernelfleet.service.client import DEFAULT_COORDINATOR, AdminClient, ClientError, resolve_admin_token
 from kernelfleet.worker.plural import plural
 
-out = Console()
+out = stdout_console()
 err = Console(stderr=True, soft_wrap=True)
 BATCH_BYTES = 2 * 1024 * 1024
 

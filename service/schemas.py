@@ -485,7 +485,7 @@ class ImportOut(BaseModel):
     result_ids: list[int]  # one per report, in order: the new row, or the one stored before
 
 
-# ---- runtime settings (worker/runtime_settings/settings_file.py's format) ----
+# ---- runtime settings (kernelfleet/runtime_settings_file.py's format) ----
 
 RUNTIME_SETTINGS_SCHEMA = "kernelfleet-runtime-settings/1"
 Gain = Annotated[float, Field(gt=0.0, le=1000.0)]

@@ -3,7 +3,9 @@
 Layers, bottom to top (a module may import its own layer and the layers below):
 
 0. the core: ``kernelfleet.chips`` (chip identity: this machine; the table of known chips) and
-   ``kernelfleet.local_state`` (this machine's data directory and local mode's admin token);
+   ``kernelfleet.local_state`` (this machine's data directory and local mode's admin token),
+   ``kernelfleet.runtime_settings_file`` (MLX's runtime settings per chip, read before MLX starts) and
+   ``kernelfleet.console`` (the CLI's output console);
 1. ``kernelfleet.kernels``: the kernels, themselves layered:
    ``spec``, ``common`` < ``render``, ``zmlx`` < ``catalog`` < ``patch``, ``testing`` < the package
    itself and ``api`` (the public functions);
@@ -39,7 +41,8 @@ K = "kernelfleet.kernels"
 # (rank, name, modules): a module's layer is the entry with its longest matching prefix; an entry
 # ending in "=" matches that module exactly
 LAYERS: tuple[tuple[float, str, tuple[str, ...]], ...] = (
-    (0, "core", ("kernelfleet.chips", "kernelfleet.local_state")),
+    (0, "core", ("kernelfleet.chips", "kernelfleet.local_state", "kernelfleet.runtime_settings_file",
+                 "kernelfleet.console")),
     (1.0, "kernels: spec and common", (f"{K}.spec", f"{K}.common")),
     (1.1, "kernels: render", (f"{K}.render",)),
     (1.1, "kernels: zmlx", (f"{K}.zmlx",)),

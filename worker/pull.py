@@ -193,7 +193,7 @@ def fetch_runtime_settings(coordinator: str, chip: str, mlx_version: str | None,
                            timeout: float = 30.0) -> dict[str, Any] | None:
     """The chip's runtime-settings file from the coordinator (``GET /runtime-settings/{chip}``), or
     None when it has none (404)."""
-    from kernelfleet.worker.runtime_settings import settings_file
+    from kernelfleet import runtime_settings_file as settings_file
 
     base = coordinator_base(coordinator)
     headers = {"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
@@ -276,7 +276,7 @@ def pull(
             ) from e
     settings_path = None
     if settings is not None:
-        from kernelfleet.worker.runtime_settings import settings_file
+        from kernelfleet import runtime_settings_file as settings_file
 
         settings_path = settings_file.installed_path(target.chip)
         try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,10 +9,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from kernelfleet.console import stdout_console
+
 USAGE_ERROR = 2
 WORKLOADS = ["prefill:2048", "decode:1", "decode:8"]
 
-out_console = Console(width=None if sys.stdout.isatty() else 160)
+out_console = stdout_console()
 err_console = Console(stderr=True, soft_wrap=True)
 settings_app = typer.Typer(help="MLX's own runtime settings (command-buffer / CUDA-graph size, eval width), "
                                 "tuned on this machine against its defaults.", no_args_is_help=True)
@@ -45,7 +46,7 @@ def entries_table(body: dict[str, Any], title: str) -> Table:
 
 
 def default_path(chip: str) -> Path:
-    from kernelfleet.worker.runtime_settings.settings_file import installed_path
+    from kernelfleet.runtime_settings_file import installed_path
 
     return installed_path(chip)
 
@@ -80,10 +81,10 @@ def tune_command(
     """
     import mlx.core as mx
 
+    from kernelfleet import runtime_settings_file as settings_file
     from kernelfleet.chips import gpu_backend_available
     from kernelfleet.kernels.patch.model_build import load_config, parse_dtype
     from kernelfleet.kernels.patch.model_shapes import ARCHITECTURES
-    from kernelfleet.worker.runtime_settings import settings_file
     from kernelfleet.worker.runtime_settings.knobs import knobs
     from kernelfleet.worker.runtime_settings.search import Objective, search
     from kernelfleet.worker.runtime_settings.sides import StepError
@@ -139,7 +140,7 @@ def show_command(
     chip: str | None = typer.Option(None, "--chip", help="the file `settings tune` wrote for this chip"),
 ) -> None:
     """Print a runtime-settings file: per model, dtype and workload, the chosen settings and their gain."""
-    from kernelfleet.worker.runtime_settings import settings_file
+    from kernelfleet import runtime_settings_file as settings_file
 
     if (file is None) == (chip is None):
         raise _fail("give a FILE or --chip NAME")
@@ -165,9 +166,9 @@ def push_command(
     fleet then serves them to `kernelfleet pull` on every machine with this chip."""
     import httpx
 
+    from kernelfleet import runtime_settings_file as settings_file
     from kernelfleet.chips import detect_chip
     from kernelfleet.worker.coordinator_url import BadCoordinatorUrl, coordinator_base, unreachable_message
-    from kernelfleet.worker.runtime_settings import settings_file
     from kernelfleet.worker.state import StateError, WorkerState, default_state_dir
 
     path = file or default_path(detect_chip().name)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from kernelfleet.console import stdout_console
 from kernelfleet.kernels.spec import DTYPES, KernelError
 from kernelfleet.worker.backends import BackendError
 from kernelfleet.worker.measure import MeasureError
@@ -25,7 +25,7 @@ USAGE_ERROR = 2
 
 # Piped or redirected output gets a wide table rather than rich's 80-column default, which wraps
 # the headers and long config keys.
-out_console = Console(width=None if sys.stdout.isatty() else 160)
+out_console = stdout_console()
 err_console = Console(stderr=True, soft_wrap=True)
 
 

@@ -198,7 +198,7 @@ def runtime_settings_line(model: nn.Module, chip: str) -> str | None:
     """What the chip's pulled runtime-settings file (``kernelfleet pull``) chose for this model's
     shape, and whether this process runs with it. MLX is imported by now and reads its settings once,
     so the patch sets nothing: it names what to export before Python starts."""
-    from kernelfleet.worker.runtime_settings import settings_file
+    from kernelfleet import runtime_settings_file as settings_file
 
     path = settings_file.installed_path(chip)
     args = getattr(model, "args", None)

@@ -21,26 +21,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from kernelfleet.local_state import chip_slug, profile_dir
+
 SCHEMA = "kernelfleet-profile/1"
 KEY_FIELDS = ("kernel", "shape", "dtype")
-
-
-def profile_dir() -> Path:
-    env = os.environ.get("KERNELFLEET_PROFILE_DIR")
-    if env:
-        return Path(env)
-    from platformdirs import user_data_dir
-
-    return Path(user_data_dir("kernelfleet", appauthor=False)) / "profiles"
-
-
-def chip_slug(chip: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "_", chip).strip("_") or "unknown"
 
 
 def profile_path(chip: str) -> Path:

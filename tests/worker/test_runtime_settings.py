@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelfleet.worker.runtime_settings import settings_file
+from kernelfleet import runtime_settings_file as settings_file
 from kernelfleet.worker.runtime_settings.apply import apply
 from kernelfleet.worker.runtime_settings.knobs import BFS, TEST_ONLY_DTYPE, Knob, defaults, knobs, midpoints
 

@@ -19,8 +19,8 @@ import pytest
 from test_pull import dirs, kf, post_through_leases  # noqa: F401 - dirs is a fixture
 from test_runtime_settings import kf_here, tune_tiny
 
+from kernelfleet import runtime_settings_file as settings_file
 from kernelfleet.chips import detect_chip
-from kernelfleet.worker.runtime_settings import settings_file
 from kernelfleet.worker.state import Credentials, WorkerState
 
 pytest.importorskip("mlx_lm")

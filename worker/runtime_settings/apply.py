@@ -1,4 +1,5 @@
-"""Set MLX's runtime settings from a runtime-settings file (:mod:`.settings_file`) before MLX starts.
+"""Set MLX's runtime settings from a runtime-settings file (:mod:`kernelfleet.runtime_settings_file`)
+before MLX starts.
 
 MLX reads each knob once, into a C++ function-local ``static``, at the knob's first use (the device,
 a command encoder, the first ``eval``; see :mod:`.knobs`), and nothing in MLX's Python API says
@@ -22,8 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import settings_file
-from .settings_file import SettingsFileError
+from kernelfleet import runtime_settings_file as settings_file
+from kernelfleet.runtime_settings_file import SettingsFileError
 
 
 def _model_key(model: str | Path | dict[str, Any] | None) -> str | None:

@@ -72,7 +72,7 @@ class Choice:
     note: str = ""
 
     def entry(self, model: str, dtype: str) -> dict[str, Any]:
-        """This outcome as a runtime-settings file entry (:mod:`.settings_file`)."""
+        """This outcome as a runtime-settings file entry (:mod:`kernelfleet.runtime_settings_file`)."""
         c, ctl = self.confirmed, self.control
         return {"model": model, "dtype": dtype, "workload": self.workload, "settings": self.setting,
                 "gain": c.ratio if c and self.setting else 1.0,

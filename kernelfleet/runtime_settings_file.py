@@ -24,6 +24,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kernelfleet.local_state import chip_slug, profile_dir
+
 SCHEMA = "kernelfleet-runtime-settings/1"
 
 
@@ -42,8 +44,6 @@ def shape_key(config: dict[str, Any]) -> str:
 def installed_path(chip: str) -> Path:
     """Where ``settings tune`` writes a chip's file and ``kernelfleet pull`` installs the fleet's:
     ``<profile dir>/<chip>.settings.json``, beside the chip's profile."""
-    from kernelfleet.kernels.patch.profile_file import chip_slug, profile_dir
-
     return profile_dir() / f"{chip_slug(chip)}.settings.json"
 
 
