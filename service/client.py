@@ -12,7 +12,12 @@ import httpx
 
 from kernelfleet.service.local_admin import admin_token_path
 from kernelfleet.service.settings import Settings
-from kernelfleet.worker.coordinator_url import BadCoordinatorUrl, coordinator_base, unreachable_message
+from kernelfleet.worker.coordinator_url import (
+    BadCoordinatorUrl,
+    answer_detail,
+    coordinator_base,
+    unreachable_message,
+)
 
 DEFAULT_COORDINATOR = "http://127.0.0.1:8600"
 
@@ -77,11 +82,7 @@ class AdminClient:
         except httpx.TransportError as e:
             raise ClientError(unreachable_message(self.base, e)) from e
         if r.status_code >= 400:
-            try:
-                detail = r.json().get("detail", r.text)
-            except ValueError:
-                detail = r.text[:500]
-            raise ClientError(f"the coordinator answered {r.status_code}: {detail}")
+            raise ClientError(f"the coordinator answered {r.status_code}: {answer_detail(r, 500)}")
         if r.status_code == 204 or not r.content:
             return None
         try:

@@ -45,17 +45,19 @@ def _replay(session: Session, worker: Worker, job_id: int, token: str, payload: 
     return Completion(response=dict(prior.response), created=False)
 
 
-def check_origin(worker: Worker, report: TuningReport) -> None:
-    """A result's chip and backend are the enrolled worker's: a report claiming another is refused."""
-    claimed, enrolled = (report.env.chip, report.env.backend), (worker.chip, str(worker.backend))
+def check_origin(worker: Worker, chip: str, backend: str, *, what: str = "this report says chip",
+                 acts: str = "reports") -> None:
+    """What a worker sends (a result; runtime settings) is for the chip and backend it enrolled as:
+    anything claiming another is refused."""
+    claimed, enrolled = (chip, str(backend)), (worker.chip, str(worker.backend))
     if claimed != enrolled:
-        raise Invalid(f"this report says chip {claimed[0]!r} ({claimed[1]}), but worker {worker.id} is "
-                      f"enrolled as {enrolled[0]!r} ({enrolled[1]}); a worker reports only for its own chip "
-                      f"(enroll this machine as its own worker)")
+        raise Invalid(f"{what} {claimed[0]!r} ({claimed[1]}), but worker {worker.id} is enrolled as "
+                      f"{enrolled[0]!r} ({enrolled[1]}); a worker {acts} only for its own chip (enroll this "
+                      f"machine as its own worker)")
 
 
 def _complete(session: Session, worker: Worker, job_id: int, token: str, report: TuningReport) -> Completion:
-    check_origin(worker, report)
+    check_origin(worker, report.env.chip, report.env.backend)
     payload = report.digest()
     replay = _replay(session, worker, job_id, token, payload)
     if replay is not None:

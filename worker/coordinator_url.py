@@ -1,5 +1,6 @@
-"""The coordinator's URL as users type it, and the one wording of "unreachable" that ``kernelfleet
-admin``, ``import``, ``worker`` and ``pull`` share (imports only the standard library and httpx).
+"""The coordinator's URL as users type it, and the one wording of "unreachable" (and of an error
+answer's detail) that ``kernelfleet admin``, ``import``, ``worker``, ``pull`` and ``settings push``
+share (imports only the standard library and httpx).
 
 - ``127.0.0.1:8600`` (no scheme) is refused with "add http://", not an UnsupportedProtocol error;
 - a URL ending in ``/api/v1`` (copied from the API docs) means the coordinator at its root;
@@ -44,6 +45,15 @@ def _reason(exc: BaseException) -> str:
     if "name or service not known" in text or "nodename nor servname" in text or "resolution" in text:
         return "unknown host"
     return type(exc).__name__
+
+
+def answer_detail(r: httpx.Response, limit: int = 300) -> str:
+    """What a coordinator's error answer says: its JSON ``detail``, else the first ``limit``
+    characters of its body (a proxy's page, say)."""
+    try:
+        return str(r.json().get("detail", r.text))
+    except ValueError:
+        return r.text[:limit]
 
 
 def unreachable_message(base: str, exc: BaseException) -> str:

@@ -27,7 +27,12 @@ import httpx
 from kernelfleet.kernels.patch import profile_file
 from kernelfleet.local_state import stored_admin_token
 from kernelfleet.worker import zmlx_cache
-from kernelfleet.worker.coordinator_url import BadCoordinatorUrl, coordinator_base, unreachable_message
+from kernelfleet.worker.coordinator_url import (
+    BadCoordinatorUrl,
+    answer_detail,
+    coordinator_base,
+    unreachable_message,
+)
 
 DEFAULT_COORDINATOR = "http://127.0.0.1:8600"
 
@@ -165,10 +170,7 @@ def fetch_profile(
     if r.status_code == 304:
         return None
     if r.status_code != 200:
-        try:
-            detail = r.json().get("detail", r.text)
-        except ValueError:
-            detail = r.text[:300]
+        detail = answer_detail(r)
         hint = (" (pass --token with a read token: `kernelfleet admin tokens create --scope read`; or set "
                 "KERNELFLEET_TOKEN)") if r.status_code in (401, 403) else ""
         raise PullError(

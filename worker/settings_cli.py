@@ -168,7 +168,12 @@ def push_command(
 
     from kernelfleet import runtime_settings_file as settings_file
     from kernelfleet.chips import detect_chip
-    from kernelfleet.worker.coordinator_url import BadCoordinatorUrl, coordinator_base, unreachable_message
+    from kernelfleet.worker.coordinator_url import (
+        BadCoordinatorUrl,
+        answer_detail,
+        coordinator_base,
+        unreachable_message,
+    )
     from kernelfleet.worker.state import StateError, WorkerState, default_state_dir
 
     path = file or default_path(detect_chip().name)
@@ -193,11 +198,7 @@ def push_command(
     except httpx.HTTPError as e:
         raise _fail(unreachable_message(base, e), 1) from e
     if r.status_code != 201:
-        try:
-            detail = r.json().get("detail", r.text)
-        except ValueError:
-            detail = r.text[:300]
-        raise _fail(f"the coordinator refused the settings: HTTP {r.status_code}: {detail}", 1)
+        raise _fail(f"the coordinator refused the settings: HTTP {r.status_code}: {answer_detail(r)}", 1)
     got = r.json()
     out_console.print(f"pushed {got['stored']} runtime-settings entries for {got['chip']} (mlx "
                       f"{got['mlx_version']}) to {base}", highlight=False, soft_wrap=True)

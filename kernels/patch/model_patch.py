@@ -212,17 +212,21 @@ def runtime_settings_line(model: nn.Module, chip: str) -> str | None:
     entries = settings_file.select(body, key)
     if not entries:
         return None
-    chosen = {f"{k}={v}": e for e in entries for k, v in e.get("settings", {}).items()}
-    if not chosen:
+    deciding = [e for e in entries if e.get("settings")]
+    if not deciding:
         return f"runtime settings ({path.name}): MLX's defaults, for {key} at every measured workload"
-    missing = [kv for kv in chosen if os.environ.get(kv.split("=", 1)[0]) != kv.split("=", 1)[1]]
-    deciding = {id(e): e for e in chosen.values()}.values()
+    chosen = list(dict.fromkeys((k, v) for e in deciding for k, v in e["settings"].items()))
+    missing = [(k, v) for k, v in chosen if os.environ.get(k) != v]
     why = ", ".join(f"{e['workload']} {e.get('gain', 1.0):.2f}x" for e in deciding)
     if not missing:
-        return f"runtime settings ({path.name}): {' '.join(chosen)} in effect ({why})"
-    return (f"runtime settings ({path.name}) chose {' '.join(chosen)} for {key} ({why}); this process "
-            f"runs without {' '.join(missing)}: MLX reads them once, at start-up, so export them before "
+        return f"runtime settings ({path.name}): {_env_line(chosen)} in effect ({why})"
+    return (f"runtime settings ({path.name}) chose {_env_line(chosen)} for {key} ({why}); this process "
+            f"runs without {_env_line(missing)}: MLX reads them once, at start-up, so export them before "
             f"Python starts, or call kernelfleet.apply_settings before importing mlx")
+
+
+def _env_line(pairs: list[tuple[str, str]]) -> str:
+    return " ".join(f"{k}={v}" for k, v in pairs)
 
 
 def unpatch(model: nn.Module) -> nn.Module:

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, status
 from sqlalchemy import select
 
+from kernelfleet.service.completion import check_origin
 from kernelfleet.service.db import db_now, stored_utc, upsert_insert
 from kernelfleet.service.deps import DashboardDep, DbDep, WorkerCallDep
 from kernelfleet.service.errors import Invalid, NotFound
@@ -28,11 +29,8 @@ KEY = ("chip", "mlx_version", "model", "dtype", "workload")
 def push(body: RuntimeSettingsFile, call: WorkerCallDep) -> RuntimeSettingsPushed:
     """Store a worker's chosen runtime settings for its own chip (newest per key wins)."""
     with call.transaction() as (session, worker):
-        claimed, enrolled = (body.chip, body.backend), (worker.chip, str(worker.backend))
-        if claimed != enrolled:
-            raise Invalid(f"these settings are for chip {claimed[0]!r} ({claimed[1]}), but worker "
-                          f"{worker.id} is enrolled as {enrolled[0]!r} ({enrolled[1]}); a worker pushes "
-                          f"settings only for its own chip")
+        check_origin(worker, body.chip, body.backend, what="these settings are for chip",
+                     acts="pushes settings")
         keys = [(e.model, e.dtype, e.workload) for e in body.entries]
         if len(set(keys)) != len(keys):
             raise Invalid("the file has two entries for one (model, dtype, workload)")
