@@ -46,7 +46,15 @@ from kernelfleet.kernels.catalog import (
     get_spec,  # noqa: E402
 )
 from kernelfleet.kernels.render.launch import compiled_call  # noqa: E402
-from kernelfleet.kernels.spec import Config, KernelSpec, Shape, config_key, format_shape, parse_shape  # noqa: E402
+from kernelfleet.kernels.spec import (  # noqa: E402
+    Config,
+    KernelSpec,
+    Shape,
+    config_key,
+    format_shape,
+    parse_config_key,
+    parse_shape,
+)
 from kernelfleet.worker.backends.registry import detect_backend, get_backend  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("kf_bench_kernels", Path(__file__).with_name("kernels.py"))
@@ -105,14 +113,64 @@ def peers_of(name: str, shape: Shape) -> tuple[dict[str, Fn], Callable[[list[mx.
     return {"mlx dequantize+gather_mm": dq_gather}, dense
 
 
+def our_configs(spec: KernelSpec, shape: Shape, dtype: str, backend: str, args: argparse.Namespace
+                ) -> list[Config]:
+    """The custom configs to run at ``shape``: the backend's whole space (``--configs all``) or the spec's
+    default, limited to ``--paths`` where given."""
+    configs: list[Config] = (spec.space_for(shape, dtype, backend) if args.configs == "all"  # type: ignore[arg-type]
+                             else [spec.default_config(shape, dtype)])
+    paths = set(args.paths.split(",")) if args.paths else None
+    return [c for c in configs if config_key(c) != "builtin" and (paths is None or c.get("path") in paths)]
+
+
+def check_shapes(spec: KernelSpec, shapes: Sequence[Shape], dtypes: Sequence[str], backend: str,
+                 args: argparse.Namespace) -> list[str]:
+    """Every config (``--configs``, ``--paths``; ``--sample`` of them per shape, by ``--seed``) checked
+    against the float32 reference at each shape and dtype: one line per shape, failures named."""
+    import random
+
+    runner = get_backend(backend)
+    lines = []
+    for shape in shapes:
+        for dtype in dtypes:
+            configs = our_configs(spec, shape, dtype, backend, args)
+            if args.sample and len(configs) > args.sample:
+                pick = random.Random(f"{args.seed}-{format_shape(shape)}-{dtype}")
+                configs = pick.sample(configs, args.sample)
+            if not configs:
+                continue
+            ahead = runner.precompile(spec, configs, shape, dtype, 0) if backend == "cuda" else None
+            if ahead is not None:
+                ahead.result()
+            inputs = spec.make_inputs(shape, dtype, args.seed)
+            ref = spec.reference(inputs)
+            mx.eval(inputs, ref)
+            bad = []
+            worst = 0.0
+            for c in configs:
+                try:
+                    out = runner.build(spec, c, shape, dtype)(inputs)
+                    mx.eval(out)
+                    cmp = spec.compare(out, ref, dtype)
+                except Exception as e:  # reported with the rest
+                    bad.append(f"{config_key(c)}: {type(e).__name__}: {str(e)[:200]}")
+                    continue
+                worst = max(worst, cmp.max_abs_err or 0.0)
+                if not cmp.ok:
+                    bad.append(f"{config_key(c)}: {cmp.detail}")
+            line = (f"{format_shape(shape)} {dtype}: {len(configs) - len(bad)} of {len(configs)} configs "
+                    f"match the float32 reference (worst max abs err of those {worst:.3g})")
+            lines.append(line + "".join(f"\n  FAILED {b}" for b in bad))
+            log(lines[-1])
+    return lines
+
+
 def bench_shape(spec: KernelSpec, shape: Shape, dtype: str, backend: str, args: argparse.Namespace,
                 limit_gbs: float) -> list[dict[str, Any]]:
     gather = spec.name == "gather_quantized_matmul"
     m, k, n = shape[:3]
     copies = copies_for(shape, dtype, args.min_mb)
-    configs: list[Config] = (spec.space(shape, dtype) if args.configs == "all"
-                             else [spec.default_config(shape, dtype)])
-    configs = [c for c in configs if config_key(c) != "builtin"]
+    configs = our_configs(spec, shape, dtype, backend, args)
     runner = get_backend(backend)
     ahead = runner.precompile(spec, configs, shape, dtype, 0) if backend == "cuda" else None
     sets = [spec.make_inputs(shape, dtype, seed) for seed in range(copies)]
@@ -207,6 +265,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "quantized_matmul (default: the spec's decode + large)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--configs", choices=("all", "default"), default="all")
+    ap.add_argument("--paths", help="only configs of these paths (comma-separated, e.g. mma,qmv)")
+    ap.add_argument("--check", action="store_true", help="check configs against the reference, time nothing")
+    ap.add_argument("--check-dtypes", default="bfloat16,float16", help="dtypes --check covers")
+    ap.add_argument("--sample", type=int, default=0,
+                    help="--check: at most this many configs a shape (0: all)")
+    ap.add_argument("--profile", metavar="CONFIG",
+                    help="run this config (a key, e.g. from a table) and MLX's op 3 times each at --shapes, "
+                         "timing nothing: for Nsight Compute (ncu), which gives each kernel's GPU time")
     ap.add_argument("--finalists", type=int, default=4, help="configs timed in full rounds beside the peers")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--min-mb", type=float, default=256.0, help="weight copies per shape add up to this")
@@ -224,6 +290,26 @@ def main(argv: Sequence[str] | None = None) -> int:
               else [*spec.shapes["decode"], *spec.shapes["large"]])
     for shape in shapes:
         spec.validate_shape(shape)
+    if args.profile:
+        runner = get_backend(backend)
+        for shape in shapes:
+            inputs = spec.make_inputs(shape, args.dtype, args.seed)
+            mx.eval(inputs)
+            ours = runner.build(spec, parse_config_key(args.profile), shape, args.dtype)
+            for _ in range(3):
+                mx.eval(ours(inputs))
+                mx.eval(spec.builtin(inputs))
+                mx.synchronize()
+            log(f"profiled {spec.name} {format_shape(shape)}: ours {args.profile} and MLX's op, 3 times each")
+        return 0
+    if args.check:
+        lines = check_shapes(spec, shapes, args.check_dtypes.split(","), backend, args)
+        head = f"{spec.name} on {chip.name} ({backend}), MLX {mx.__version__}: configs checked"
+        text = "\n".join([head, *lines])
+        print(text)
+        if args.out:
+            Path(args.out).write_text(text + "\n")
+        return 1 if "FAILED" in text else 0
     bw = bench.copy_bandwidth(backend)
     limit = bw["limit"]
     title = (f"{spec.name} on {chip.name} ({backend}), MLX {mx.__version__}, {args.dtype}; copy limit "

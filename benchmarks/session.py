@@ -86,7 +86,7 @@ def template_of(spec: KernelSpec, shape: Shape, dtype: str) -> frozenset[tuple[s
     kernel's template depends on the row count)."""
     inputs = spec.make_inputs((1, *shape[1:]), dtype, 0)
     out: set[tuple[str, str]] = set()
-    for config in spec.space(shape, dtype):
+    for config in spec.space_for(shape, dtype, "cuda"):
         with capture() as records:
             spec.build(config, "cuda", shape, dtype)(inputs)
         out |= {(r.rendered.name, repr(r.launch.template)) for r in records}

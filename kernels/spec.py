@@ -104,7 +104,8 @@ class KernelSpec:
     - ``reference(inputs) -> list[mx.array]``: plain MLX ops computed in float32.
     - ``builtin(inputs) -> list[mx.array]``: the MLX built-in (``mx.fast.*``, ``mx.softmax``, an
       ``mx.compile``d composition); always available, on every backend including CPU.
-    - ``space(shape, dtype) -> list[Config]``: the valid custom configs (constraints applied).
+    - ``space(shape, dtype) -> list[Config]``: the valid custom configs (constraints applied), over
+      every backend; ``space_for(shape, dtype, backend)``: those one backend runs.
     - ``build(config, backend, shape, dtype) -> KernelFn``: the custom kernel rendered for ``backend``
       (raises :class:`KernelBuildError`).
     - ``tolerance(dtype) -> Tolerance``.
@@ -142,6 +143,16 @@ class KernelSpec:
     # elements of the largest tensor a job at this shape allocates, where the shape is not itself a
     # tensor's (quantized matmuls: tokens x in x out x bits x group); None -> the shape's product
     largest_tensor: Callable[[Shape], int] | None = None
+    # the GPU backends that can run a given config, where that differs by config (quantized matmul's
+    # tensor-core path: CUDA only); None -> every backend of ``backends``
+    config_backends: Callable[[Config], tuple[GpuBackend, ...]] | None = None
+
+    def space_for(self, shape: Shape, dtype: str, backend: GpuBackend) -> list[Config]:
+        """The configs of ``space`` that ``backend`` can run (what a worker on it tunes)."""
+        configs = self.space(shape, dtype)
+        if self.config_backends is None:
+            return configs
+        return [c for c in configs if backend in self.config_backends(c)]
 
     def tolerance(self, dtype: str) -> Tolerance:
         return self.tolerances[dtype]

@@ -76,7 +76,7 @@ def _values_per_thread(spec: Any, config: dict[str, Any], shape: Any, dtype: str
 def production_picks(spec: Any, shape: Any, dtype: str, k: int) -> list[dict[str, Any]]:
     """The ``k`` configs at ``shape`` most likely to hit a pipeline limit: by cached values per
     thread, then threadgroup size; every config with tg >= 512 ranks before the rest's ties."""
-    configs = spec.space(shape, dtype)
+    configs = spec.space_for(shape, dtype, "metal")
     scored = sorted(configs, key=lambda c: (-_values_per_thread(spec, c, shape, dtype),
                                             -int(c.get("tg", 0))))
     picks = scored[:k]
@@ -169,7 +169,7 @@ def run(kernels: Sequence[str], write: Callable[..., None], *, quick: bool = Fal
             for dtype in dtypes:
                 plans: list[tuple[str, Any, list[dict[str, Any]]]] = []
                 for shape in spec.test_shapes:
-                    space = spec.space(shape, dtype)
+                    space = spec.space_for(shape, dtype, "metal")
                     if quick:
                         space = random.Random(f"{name}-{dtype}").sample(space,
                                                                         min(QUICK_TEST_CONFIGS, len(space)))

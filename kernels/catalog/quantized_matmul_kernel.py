@@ -14,6 +14,9 @@ Two paths, a config axis (``path``), so the profile picks per exact shape, M inc
   unpacked once for the M rows. A code becomes a float without an integer conversion: its bits are put in
   the mantissa of 2^23 (``KF_AS_FLOAT(code | 0x4B000000) - 2^23``). Per row and group
   ``sum_k x*w = scale * sum_k x*code + bias * sum_k x``, accumulated in float; one warp sum per output.
+- ``mma`` (M <= 32, float16 and bfloat16, CUDA only): the weights dequantized in registers straight into
+  the tensor cores' operand layout, so up to 32 tokens cost what one does
+  (:mod:`kernelfleet.kernels.catalog.quantized_mma`).
 - ``dq`` (any M, meant for prefill): the dequantize kernel (``affine.DEQUANT_BODY``) writes the weights in
   ``x``'s dtype, then MLX's own GEMM (``mx.matmul``, tensor cores) runs on them. At M=2048 the GEMM costs
   some 6x the dequantize, so this reaches most of the dense model's throughput.
@@ -28,8 +31,8 @@ import mlx.core as mx
 from ..common import DTYPES, ITEMSIZE, ceil_div, mx_dtype, need_rank, normal
 from ..render.dialect import source_version
 from ..render.launch import KernelSource, Launch, run
-from ..spec import BUILTIN, BadShape, Config, GpuBackend, KernelFn, KernelSpec, Shape
-from . import affine, elementwise
+from ..spec import BUILTIN, BadShape, Config, GpuBackend, KernelBuildError, KernelFn, KernelSpec, Shape
+from . import affine, elementwise, quantized_mma
 
 QMV_BODY = r"""
   constexpr int PER = 32 / BITS;
@@ -159,9 +162,14 @@ def space(shape: Shape, dtype: str) -> list[Config]:
                     if n % rpw == 0 and words_per_group % vw == 0 and m * vw * per <= MAX_XREGS
                     and (unr == 1 or unr <= ceil_div(steps, vw)) and unr * rpw * vw <= 32]
     # the same axes for both paths: dq's vw is the words a thread dequantizes per step (rpw, unr fixed at 1)
+    configs += quantized_mma.space(shape, dtype)
     configs += [{"path": "dq", "rpw": 1, "vw": vec, "tg": tg, "unr": 1} for vec in DQ_VECS for tg in DQ_TGS
                 if words_per_group % vec == 0]
     return configs
+
+
+def config_backends(config: Config) -> tuple[GpuBackend, ...]:
+    return ("cuda",) if config.get("path") == "mma" else ("metal", "cuda")
 
 
 def default(shape: Shape, dtype: str) -> Config:
@@ -189,12 +197,21 @@ def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str) -> Kerne
             return [mx.matmul(x, w.T)]
 
         return dequant_matmul
+    out_dtype = mx_dtype(dtype)
+    if config["path"] == "mma":
+        if backend != "cuda":
+            raise KernelBuildError("quantized_matmul: the mma path runs on CUDA's tensor cores only")
+        mma_launch = quantized_mma.launch(config, shape, dtype)
+
+        def mma(inputs: Sequence[mx.array]) -> list[mx.array]:
+            return run(quantized_mma.SOURCE, backend, inputs, mma_launch, [(m, n)], [out_dtype])
+
+        return mma
     rpw, vw, tg, unr = int(config["rpw"]), int(config["vw"]), int(config["tg"]), int(config["unr"])
     groups = max(1, ceil_div(n // rpw, tg // 32))
     template = (("T", mx_dtype(dtype)), ("K", k), ("N", n), ("BITS", bits), ("GS", group), ("MR", m),
                 ("RPW", rpw), ("VW", vw), ("TG", tg), ("UNR", unr))
     launch = Launch((groups * tg, 1, 1), (tg, 1, 1), template)
-    out_dtype = mx_dtype(dtype)
 
     def qmv(inputs: Sequence[mx.array]) -> list[mx.array]:
         return run(QMV, backend, inputs, launch, [(m, n)], [out_dtype])
@@ -253,13 +270,16 @@ SPEC = KernelSpec(
     build=make,
     tolerances=affine.MATMUL_TOLERANCES,
     bytes_moved=bytes_moved,
-    version=source_version(__file__, affine.__file__, elementwise.__file__),
+    version=source_version(__file__, affine.__file__, elementwise.__file__, quantized_mma.__file__),
     validate_shape=_validate,
     # K=640: a lane's last step is partial (80 words), and at vw 1 an unrolled block of 2 runs past the last
     # of 3 steps. Longer K is left to GPU runs: MLX's CPU op in bfloat16 (the built-in, checked here too)
     # was off by 0.05-0.53 at K=768-1152 over three seeds, and by 0.2 at K=640 for M >= 2.
-    test_shapes=[(1, 256, 16, 4, 64), (3, 128, 8, 8, 32), (1, 640, 8, 4, 128), (12, 128, 8, 4, 32)],
+    # (13, 128, 48, 4, 32) and (24, 128, 32, 8, 64): the mma path with 2 and 3 token tiles, the last partial
+    test_shapes=[(1, 256, 16, 4, 64), (3, 128, 8, 8, 32), (1, 640, 8, 4, 128), (12, 128, 8, 4, 32),
+                 (13, 128, 48, 4, 32), (24, 128, 32, 8, 64)],
     default=default,
+    config_backends=config_backends,
     # x, the output, and the dq path's dense weights
     largest_tensor=lambda shape: max(shape[0] * shape[1], shape[0] * shape[2], shape[1] * shape[2]),
 )

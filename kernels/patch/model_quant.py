@@ -15,8 +15,10 @@ first call of that shape (:func:`bind`): the profile's config, the runner from
 :func:`kernelfleet.kernels.patch.runtime.resolve`, and one ``mx.compile``d graph of ``x`` reshaped to
 ``(M, K)``, the kernel and the output reshaped back, shared by every layer of the same shape. A later
 call is a dictionary lookup (:func:`kernelfleet.kernels.patch.model_patterns.wrap`), the counts of the
-report and the graph's replay; where the profile has no custom config at that M, the layer's own
-``__call__`` runs.
+report and the graph's replay. Where the profile has no custom config at that M, MLX's op runs: the
+layer's own ``__call__`` where ``x`` is ``(M, K)`` or ``(1, M, K)``, else MLX's op on ``x`` reshaped to
+``(M, K)`` (:func:`_mlx_graph`: the same values, and MLX runs a batch of single-token rows as one matmul
+instead of one matrix-vector product per row).
 
 mlx-lm's ``QuantizedSwitchLinear`` (MoE experts, ``mx.gather_qmm``) is not routed yet: a
 ``gather_quantized_matmul`` kernel would take it as one more pattern here, with the experts' indices
@@ -120,7 +122,13 @@ def quantized_linear(m: nn.Module) -> Site | None:
         rows = prod(shape[:-1])
         call = (KERNEL, (rows, *tail), dt)
         if not router.picks(call):
-            return None
+            if prod(shape[:-2]) <= 1:  # x is already (M, K) to MLX: the layer's own call
+                return None
+            mlx_key = ("mlx", shape, tail)
+            mlx_graph = router.shared.get(mlx_key)
+            if mlx_graph is None:
+                mlx_graph = router.shared[mlx_key] = _mlx_graph(shape, rows, k, n, bits, group)
+            return _mlx_call(router, mlx_graph)
         counter, runner = router.resolved(*call, {})
         graph_key = (runner, shape)  # the runner: resolved once per process for its plain values
         graph = router.shared.get(graph_key)
@@ -143,6 +151,34 @@ def _graph(runner: Any, shape: tuple[int, ...], rows: int, k: int, n: int) -> An
         out: mx.array = runner([x.reshape(rows, k), w, scales, biases])[0].reshape(*lead, n)
         return out + bias[0] if bias else out
     return mx.compile(fn)
+
+
+def _mlx_graph(shape: tuple[int, ...], rows: int, k: int, n: int, bits: int, group: int) -> Any:
+    """MLX's own op on ``x`` reshaped to ``(M, K)``, as one ``mx.compile``d graph (bias added as the
+    layer does): the same rows in the same order, the layer's values bit for bit (the tests check it on
+    CPU; ``benchmarks/results/h200_decode8_why.txt`` on CUDA). MLX 0.32's CUDA backend takes 2.5-7.9x
+    the time on ``x`` of ``(B, 1, K)`` (a decode step of B sequences, as mlx-lm passes it) that it takes
+    on ``(B, K)`` at B = 8 (H200, 4 and 8 bits; 4-bit 4096x14336: 210 against 32 µs), and the profile's
+    built-in is timed on ``(M, K)``."""
+    lead = shape[:-1]
+
+    def fn(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, *bias: mx.array) -> mx.array:
+        out = mx.quantized_matmul(x.reshape(rows, k), w, scales, biases, transpose=True, group_size=group,
+                                  bits=bits, mode=MODE).reshape(*lead, n)
+        return out + bias[0] if bias else out
+    return mx.compile(fn)
+
+
+def _mlx_call(router: Router, graph: Any) -> Call:
+    """A call that keeps MLX's op (counted as the module's own code), through :func:`_mlx_graph`."""
+    module_calls = router._module
+
+    def call(self: Any, x: mx.array) -> mx.array:
+        module_calls[0] += 1
+        if "bias" in self:
+            return graph(x, self["weight"], self["scales"], self["biases"], self["bias"])
+        return graph(x, self["weight"], self["scales"], self["biases"])
+    return call
 
 
 def _call(counter: list[int], runner: Any, graph: Any, rows: int, k: int, n: int, shape: Sequence[int]

@@ -20,7 +20,7 @@ def records(spec: KernelSpec, backend: GpuBackend, dtype: str,
     for shape in spec.test_shapes if shapes is None else shapes:
         with shapes_only():  # only the inputs' shapes and dtypes reach a captured launch
             inputs = spec.make_inputs(shape, dtype, 0)
-        for config in spec.space(shape, dtype):
+        for config in spec.space_for(shape, dtype, backend):
             with capture() as recs:
                 spec.build(config, backend, shape, dtype)(inputs)
             assert recs, f"{spec.name} {config_key(config)} launched nothing"

@@ -11,6 +11,7 @@ import re
 
 import mlx.core as mx
 
+from kernelfleet.kernels.render.dialect import prelude
 from kernelfleet.kernels.render.launch import LaunchRecord
 
 CUDA_TYPES = {mx.float32: "float", mx.float16: "__half", mx.bfloat16: "__nv_bfloat16",
@@ -63,11 +64,15 @@ def cuda_function(rec: LaunchRecord, func_name: str) -> str:
 
 
 def cuda_unit(records: list[tuple[LaunchRecord, str]]) -> str:
-    """One .cu file: MLX's default header, each distinct header once, then every function."""
-    headers: list[str] = []
+    """One .cu file: MLX's default header, the dialect's prelude and each kernel's own helpers once,
+    then every function (MLX compiles each kernel alone, its header whole)."""
+    common = prelude("cuda")
+    headers: list[str] = [common]
     for rec, _ in records:
-        if rec.rendered.header not in headers:
-            headers.append(rec.rendered.header)
+        header = rec.rendered.header
+        header = header[len(common):] if header.startswith(common) else header
+        if header not in headers:
+            headers.append(header)
     return CUDA_DEFAULT_HEADER + "".join(headers) + "".join(cuda_function(rec, n) for rec, n in records)
 
 

@@ -83,7 +83,8 @@ def test_catalog(name: str, dtype: str, backend: str) -> None:
     device = mx.gpu if backend in ("cuda", "metal") else mx.cpu
     emu = _emulator(_run_ahead(name, dtype)) if backend == "metal-emu" else None
     runner = MetalEmuBackend(emu) if emu is not None else get_backend(backend)
-    spaces = {shape: spec.space(shape, dtype) for shape in spec.test_shapes}
+    kernel_backend = "cuda" if backend == "cuda" else "metal"
+    spaces = {shape: spec.space_for(shape, dtype, kernel_backend) for shape in spec.test_shapes}
     if isinstance(runner, MetalEmuBackend):  # a rotating share of each space; its kernels compiled first
         sizes = sum(len(c) for c in spaces.values())
         spaces = {shape: rotating(c, -(-len(c) // EMU_SHARE), f"{name}-{dtype}-{shape}")
@@ -95,7 +96,7 @@ def test_catalog(name: str, dtype: str, backend: str) -> None:
     with mx.stream(device):
         for shape in spec.test_shapes:
             if backend == "cuda":  # NVRTC-compile the shape's whole space at once, as the tuner does
-                ahead = runner.precompile(spec, spec.space(shape, dtype), shape, dtype, 0)
+                ahead = runner.precompile(spec, spaces[shape], shape, dtype, 0)
                 if ahead is not None:
                     print(f"{name} {shape} {dtype}: {ahead.result()}")
             inputs = spec.make_inputs(shape, dtype, 0)

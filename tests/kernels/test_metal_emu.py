@@ -196,7 +196,7 @@ def test_sampled_production_shapes(name: str, emulator: Emulator) -> None:
         # a decode shape runs in one dtype a day, in turn, and a config of its space in that dtype
         turn, today = divmod(sampling.seed() + i, len(spec.dtypes))
         for d, dtype in enumerate(spec.dtypes):
-            configs = spec.space(shape, dtype)
+            configs = spec.space_for(shape, dtype, "metal")
             total += len(configs)
             runs = sampling.full() or (d == today if shape in decode else dtype == large_dtype)
             if not runs:
@@ -227,7 +227,7 @@ def test_sampled_production_shapes(name: str, emulator: Emulator) -> None:
                 raise
             not_here += 1
             if dtype != "float32" and "float32" in spec.dtypes:  # that shape's float32 config instead
-                instead = ("float32", shape, rotating(spec.space(shape, "float32"), 1,
+                instead = ("float32", shape, rotating(spec.space_for(shape, "float32", "metal"), 1,
                                                       f"{name}-float32-{shape}")[0])
                 picks.append(instead)
                 queue.append(instead)

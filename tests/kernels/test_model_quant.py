@@ -182,6 +182,37 @@ def test_each_call_picks_by_its_token_count() -> None:
     kernelfleet.unpatch(model)
 
 
+@pytest.mark.parametrize("bits, group", [(4, 32), (8, 128)])
+def test_a_decode_batch_without_an_entry_runs_mlx_on_m_by_k(monkeypatch: pytest.MonkeyPatch, bits: int,
+                                                             group: int) -> None:
+    """A decode step of 3 sequences (x of (3, 1, K)) where the profile has no entry at M=3: MLX's op,
+    on x as (3, K), with the stock model's values bit for bit; a prompt of one sequence ((1, 7, K)) keeps
+    the layer's own call."""
+    model = build(LLAMA, bits, group, mx.bfloat16)
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.array([PROMPT, PROMPT[::-1], PROMPT]), cache=cache))
+    step = mx.array([[11], [12], [13]])
+    stock = model(step, cache=cache)
+    for c in cache:
+        c.offset -= 1  # the same step again, from the same cache state
+    ranks: list[int] = []
+    real = mx.quantized_matmul
+
+    def seen(x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        ranks.append(x.ndim)
+        return real(x, *args, **kwargs)
+
+    monkeypatch.setattr(mx, "quantized_matmul", seen)
+    report = kernelfleet.patch(model, profile=profile_for(LLAMA, bits, group, "bfloat16", prefill=()))
+    patched = model(step, cache=cache)
+    assert mx.array_equal(stock, patched).item()
+    assert ranks and set(ranks) == {2}  # traced once per shape, every layer's call on (M, K)
+    assert all(m.calls == {"custom": 0, "builtin": 0, "module": 1} for m in quantized(report))
+    mx.eval(model(mx.array([PROMPT])))  # (1, 7, K): the layer's own call
+    assert set(ranks) == {2, 3}
+    kernelfleet.unpatch(model)
+
+
 def test_what_is_resolved_once_per_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     """Runners are resolved on a layer's first call at a shape; later calls resolve nothing."""
     model = build(LLAMA, 4, 64)

@@ -47,3 +47,24 @@ def test_inputs_are_deterministic_per_seed() -> None:
         c = s.make_inputs(shape, s.dtypes[0], 4)
         assert all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b, strict=True))
         assert not all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, c, strict=True))
+
+
+def test_quantized_matmuls_tensor_core_path_is_offered_to_cuda_only() -> None:
+    """The mma path (CUDA's tensor cores) is in the space for every backend's planning, in a CUDA
+    worker's candidates only, and refuses to build for Metal."""
+    from kernelfleet.kernels.spec import KernelBuildError
+
+    spec = get_spec("quantized_matmul")
+    shape = (8, 4096, 14336, 4, 64)
+    every, cuda, metal = (spec.space(shape, "bfloat16"), spec.space_for(shape, "bfloat16", "cuda"),
+                          spec.space_for(shape, "bfloat16", "metal"))
+    mma = [c for c in every if c["path"] == "mma"]
+    assert mma and cuda == every
+    assert metal == [c for c in every if c["path"] != "mma"]
+    assert {c["rpw"] for c in mma} == {16, 32, 64} and {c["tg"] for c in mma} == {32, 64, 128, 256}
+    assert not [c for c in spec.space(shape, "float32") if c["path"] == "mma"]  # 16-bit operands only
+    assert not [c for c in spec.space((33, 4096, 14336, 4, 64), "bfloat16") if c["path"] == "mma"]
+    with pytest.raises(KernelBuildError, match="CUDA"):
+        spec.build(mma[0], "metal", shape, "bfloat16")
+    plain = get_spec("rmsnorm")
+    assert plain.space_for((32, 4096), "float16", "metal") == plain.space((32, 4096), "float16")

@@ -61,7 +61,7 @@ class Backend(ABC):
         out: list[Config] = [dict(BUILTIN)]
         if self.supports_custom_kernels and self.kernel_backend in spec.backends:
             seen = {"builtin"}
-            for config in spec.space(shape, dtype):
+            for config in spec.space_for(shape, dtype, self.kernel_backend):
                 key = config_key(config)
                 if key not in seen:
                     seen.add(key)

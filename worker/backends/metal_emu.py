@@ -66,7 +66,7 @@ class MetalEmuBackend(Backend):
         for shape in shapes:
             with shapes_only():
                 inputs = spec.make_inputs(shape, dtype, 0)
-            for config in spec.space(shape, dtype) if configs is None else configs:
+            for config in spec.space_for(shape, dtype, "metal") if configs is None else configs:
                 with capture() as recs:
                     spec.build(config, "metal", shape, dtype)(inputs)
                 for rec in recs:
