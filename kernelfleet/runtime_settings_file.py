@@ -27,6 +27,10 @@ from typing import Any
 from kernelfleet.local_state import chip_slug, profile_dir
 
 SCHEMA = "kernelfleet-runtime-settings/1"
+# a fleet job that searches runtime settings (jobs.kind 'runtime_settings') names this as its kernel, and a
+# regression of a setting's gain names it too: its series are (chip, model + workload, dtype)
+JOB_KERNEL = "runtime_settings"
+QUANTIZATIONS = ("bf16", "4bit", "8bit")
 
 
 class SettingsFileError(ValueError):
@@ -39,6 +43,15 @@ def shape_key(config: dict[str, Any]) -> str:
     if config.get("num_experts"):
         out += f" e{config['num_experts']}/{config.get('num_experts_per_tok')}"
     return out
+
+
+def dtype_label(quant: str, compute_dtype: str = "bfloat16") -> str:
+    """An entry's ``dtype``: the model's quantization (``bf16``, ``4bit``, ``8bit``), with the
+    activations' dtype where it is not bfloat16 (``float32``, ``4bit float32``)."""
+    own = "" if compute_dtype == "bfloat16" else compute_dtype
+    if quant == "bf16":
+        return own or "bf16"
+    return f"{quant} {own}".strip()
 
 
 def installed_path(chip: str) -> Path:

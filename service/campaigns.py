@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
+from kernelfleet.runtime_settings_file import JOB_KERNEL, dtype_label, shape_key
 from kernelfleet.service.db import db_now, immediate
 from kernelfleet.service.errors import NotFound
 from kernelfleet.service.models import Backend, Campaign, Job, JobKind, JobState, Worker
@@ -25,28 +26,49 @@ def create_campaign(session: Session, body: CampaignIn, default_max_attempts: in
     max_attempts = body.max_attempts or default_max_attempts
     backend = Backend(body.target_backend) if body.target_backend else None
     kernel_shapes = body.shape_sets()
+    spec = campaign_spec(kernel_shapes, body.dtypes)
+    jobs = [(JobKind.tune, k, s, d)
+            for k, shapes in kernel_shapes.items() for s in shapes for d in body.dtypes]
+    if body.runtime_settings is not None:
+        plan = body.runtime_settings
+        spec["runtime_settings"] = plan.model_dump(mode="json", exclude={"layers"})
+        model = shape_key(plan.config)
+        jobs += [(JobKind.runtime_settings, JOB_KERNEL, model, d) for d in plan.job_dtypes()]
     with immediate(session):
         campaign = Campaign(name=body.name, target_backend=backend, target_chip=body.target_chip,
-                            max_attempts=max_attempts, spec=campaign_spec(kernel_shapes, body.dtypes))
+                            max_attempts=max_attempts, spec=spec)
         session.add(campaign)
         session.flush()
         target = target_id(session, backend, body.target_chip)
         session.execute(insert(Job), [
-            {"campaign_id": campaign.id, "kind": JobKind.tune, "kernel": k, "shape": s, "dtype": d,
+            {"campaign_id": campaign.id, "kind": kind, "kernel": k, "shape": s, "dtype": d,
              "target_backend": backend, "target_chip": body.target_chip, "target_id": target,
              "state": JobState.queued,
              "attempts": 0, "max_attempts": max_attempts}
-            for k, shapes in kernel_shapes.items() for s in shapes for d in body.dtypes
+            for kind, k, s, d in jobs
         ])
         campaign_id = campaign.id
     return campaign_id
 
 
 def campaign_spec(kernel_shapes: dict[str, list[str]], dtypes: list[str]) -> dict[str, Any]:
-    """The stored ``spec`` of a campaign (migration 0005 writes the same for older campaigns)."""
+    """The stored ``spec`` of a campaign (migration 0005 writes the same for older campaigns); a campaign
+    with runtime-settings jobs adds ``runtime_settings`` (its
+    :class:`~kernelfleet.service.schemas.RuntimeSettingsPlan` as given, the config cut to its ``layers``)."""
     every = list(dict.fromkeys(s for shapes in kernel_shapes.values() for s in shapes))
     return {"kernels": list(kernel_shapes), "shapes": every, "dtypes": list(dtypes),
             "kernel_shapes": {k: list(v) for k, v in kernel_shapes.items()}}
+
+
+def runtime_settings_request(spec: dict[str, Any], dtype: str) -> dict[str, Any] | None:
+    """What a leased runtime_settings job searches: its campaign's ``runtime_settings`` with the
+    quantization of the job's ``dtype`` (None when the campaign has none)."""
+    plan = spec.get("runtime_settings")
+    if not plan:
+        return None
+    quant = next((q for q in plan["quantizations"] if dtype_label(q, plan["compute_dtype"]) == dtype), None)
+    request = {k: v for k, v in plan.items() if k != "quantizations"}
+    return {**request, "quantization": quant}
 
 
 def _progress(session: Session, ids: list[int]) -> dict[int, Progress]:
