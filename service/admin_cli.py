@@ -189,26 +189,28 @@ def campaign_create(
     from kernelfleet.service import campaign_plan  # the kernel catalog (numpy, mlx): only when planning
 
     body: dict[str, Any] = {}
+    runtime = runtime_settings or runtime_settings_only
     if runtime_settings_only and (kernel or shape or kernel_shape or dtype or decode or prefill or verify):
         err.print("[bold red]error:[/] --runtime-settings-only queues no kernel jobs: drop --kernel, "
                   "--shape, --kernel-shape, --dtype, --decode, --prefill and --verify", highlight=False)
         raise typer.Exit(1)
-    if not runtime_settings_only:
+    if not runtime and (runtime_dtype or runtime_workload or runtime_layers):
+        err.print("[bold red]error:[/] --runtime-dtype, --runtime-workload and --runtime-layers go with "
+                  "--runtime-settings", highlight=False)
+        raise typer.Exit(1)
+    if runtime:
+        body["runtime_settings"] = campaign_plan.runtime_settings(
+            from_model, quantization=runtime_dtype or [], workload=runtime_workload or [],
+            layers=runtime_layers, out=out, err=err)
+    if runtime_settings_only:
+        name = name or f"runtime settings: {body['runtime_settings']['config'].get('model_type')} " \
+                       f"({from_model.resolve().parent.name if from_model else ''})"
+    else:
         sets, dtypes, name = campaign_plan.shape_sets(
             kernel=kernel or [], shape=shape or [], kernel_shape=kernel_shape or [], from_model=from_model,
             decode=decode, prefill=prefill, dtype=dtype or [], name=name, out=out, err=err, backend=backend,
             chip=chip, verify=verify)
         body.update(kernel_shapes=sets, dtypes=dtypes)
-    if runtime_settings or runtime_settings_only:
-        body["runtime_settings"] = campaign_plan.runtime_settings(
-            from_model, quantization=runtime_dtype or [], workload=runtime_workload or [],
-            layers=runtime_layers, out=out, err=err)
-        name = name or f"runtime settings: {body['runtime_settings']['config'].get('model_type')} " \
-                       f"({from_model.resolve().parent.name if from_model else ''})"
-    elif runtime_dtype or runtime_workload or runtime_layers:
-        err.print("[bold red]error:[/] --runtime-dtype, --runtime-workload and --runtime-layers go with "
-                  "--runtime-settings", highlight=False)
-        raise typer.Exit(1)
     body["name"] = name
     if backend is not None:
         body["target_backend"] = backend
