@@ -7,7 +7,8 @@ library only (read before MLX is imported, to set its environment)::
      "entries": [{"model": "llama h4096 x8", "dtype": "bf16", "workload": "decode:8",
                   "settings": {"MLX_MAX_MB_PER_BUFFER": "500", "MLX_MAX_OPS_PER_BUFFER": "50"},
                   "gain": 1.18, "interval": [1.09, 1.25], "verdict": "faster", "bit_identical": true,
-                  "rounds": 5, "control": {"gain": 1.01, "interval": [0.97, 1.04]},
+                  "rounds": 5, "round_gains": [1.18, 1.22, 1.09, 1.25, 1.16],
+                  "control": {"gain": 1.01, "interval": [0.97, 1.04]},
                   "evidence": [{"stage": "coarse", "settings": {...}, "gain": ..., "interval": [...],
                                 "verdict": ..., "rounds": ..., "bit_identical": ...}, ...],
                   "note": ""}, ...]}
@@ -15,7 +16,9 @@ library only (read before MLX is imported, to set its environment)::
 ``settings`` {}: MLX's defaults stay (none was faster beyond the noise, or the budget ran out:
 ``note`` says which). ``gain``/``interval``: the chosen settings' speed over the defaults in the
 confirmation rounds, paired by round (95 % bootstrap); ``control``: stock against stock in the same
-rounds, the pairing's own noise. ``model``: :func:`shape_key` of the model's config.json.
+rounds, the pairing's own noise; ``round_gains``: the gain in each confirmation round (the control's
+where the defaults stay), which the coordinator compares across MLX versions. ``model``:
+:func:`shape_key` of the model's config.json.
 """
 
 from __future__ import annotations

@@ -96,7 +96,8 @@ def worker(
                     ] = None,
     strategy: Annotated[str, typer.Option("--strategy", help="Search strategy for every job")] = "halving",
     budget: Annotated[float | None, typer.Option(
-        "--budget", min=0.001, help="Seconds of measurement per job [default: the strategy's]")] = None,
+        "--budget", min=0.001, help="Seconds of measurement per job [default: the strategy's; a "
+        "runtime-settings job's search: 900]")] = None,
     grace_seconds: Annotated[float, typer.Option(
         "--grace-seconds", min=0.0,
         help="On SIGTERM, finish the current job within this time, else release it")
