@@ -188,6 +188,13 @@ def test_runtime_settings_reach_another_machine_through_a_job_push_and_pull(
     page = httpx.get(f"{coordinator.url}/regressions/{reg['id']}", headers=admin, timeout=30)
     assert page.status_code == 200 and "llama h4096 x8 decode:8" in page.text
 
+    # the campaign's pages count the runtime job with its kernel job
+    page = httpx.get(f"{coordinator.url}/campaigns/{campaign}", headers=admin, timeout=30)
+    assert page.status_code == 200 and 'data-kernel="runtime_settings"' in page.text
+    page = httpx.get(f"{coordinator.url}/campaigns", headers=admin, timeout=30)
+    assert page.status_code == 200
+    assert "1 kernels, 1 kernel shapes × 1 dtypes, MLX runtime settings × 1" in page.text
+
     # the chip's dashboard page lists them
     page = httpx.get(f"{coordinator.url}/chips/{chip.name}", headers=admin, timeout=30)
     assert page.status_code == 200
