@@ -161,14 +161,15 @@ def campaign_create(
         "--dtype", help="float32, float16 or bfloat16; repeat (default with --from-model: the model's)",
     )] = None,
     runtime_settings: Annotated[bool, typer.Option(
-        "--runtime-settings", help="With --from-model: also queue the model's runtime-settings jobs (MLX's "
-        "runtime knobs searched on the worker that leases each, within its --budget; "
-        "docs/runtime_settings.md)"
+        "--runtime-settings", help="With --from-model: also queue the model's runtime-settings jobs, one per "
+        "enrolled chip the campaign targets (MLX's runtime knobs searched on that chip's worker, within its "
+        "--budget; docs/runtime_settings.md)"
     )] = False,
     runtime_settings_only: Annotated[bool, typer.Option(
         "--runtime-settings-only", help="With --from-model: queue only the runtime-settings jobs")] = False,
     runtime_dtype: Annotated[list[str] | None, typer.Option(
-        "--runtime-dtype", help="Runtime settings: bf16, 4bit or 8bit weights, one job each; repeat "
+        "--runtime-dtype", help="Runtime settings: bf16, 4bit or 8bit weights, one job each (per chip); "
+        "repeat "
         "(default: the model's)")] = None,
     runtime_workload: Annotated[list[str] | None, typer.Option(
         "--runtime-workload", help="Runtime settings: prefill:TOKENS or decode:BATCH; repeat (default "
@@ -185,7 +186,8 @@ def campaign_create(
 ) -> None:
     """Create a campaign: one job per kernel x shape x dtype (each kernel with its own shapes with
     --kernel-shape or --from-model), and with --runtime-settings one runtime-settings job per weight
-    dtype of the model. Prints the plan before it queues anything."""
+    dtype of the model and enrolled chip the campaign targets. Prints the plan before it queues
+    anything."""
     from kernelfleet.service import campaign_plan  # the kernel catalog (numpy, mlx): only when planning
 
     body: dict[str, Any] = {}

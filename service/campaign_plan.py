@@ -145,7 +145,7 @@ def runtime_settings(from_model: Path | None, *, quantization: Sequence[str], wo
                      layers: int, out: Console, err: Console) -> dict[str, Any]:
     """The ``runtime_settings`` of a campaign's body from ``--from-model`` (quantization: the
     ``--runtime-dtype`` values, else the model's own: its config's ``quantization`` bits, else bf16),
-    checked as the coordinator checks it, then its plan printed: one job per quantization."""
+    checked as the coordinator checks it, then its plan printed: one job per quantization and chip."""
     from pydantic import ValidationError
 
     from kernelfleet.runtime_settings_file import shape_key
@@ -174,7 +174,8 @@ def runtime_settings(from_model: Path | None, *, quantization: Sequence[str], wo
                       soft_wrap=True)
         raise _fail(err, "nothing was queued: fix the options above") from None
     dtypes = plan.job_dtypes()
-    out.print(f"runtime settings: {len(dtypes)} job(s), {shape_key(plan.config)} x {', '.join(dtypes)}, "
-              f"each at {', '.join(plan.workloads)} (MLX's runtime knobs on the worker that leases it, "
-              f"within its --budget)", highlight=False, soft_wrap=True)
+    out.print(f"runtime settings: {shape_key(plan.config)} x {', '.join(dtypes)} at "
+              f"{', '.join(plan.workloads)}: one job per dtype and enrolled chip the campaign targets (MLX's "
+              f"runtime knobs searched on that chip's worker, within its --budget)", highlight=False,
+              soft_wrap=True)
     return body

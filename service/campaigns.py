@@ -1,4 +1,5 @@
-"""Campaigns: each kernel x its shapes x dtypes, expanded into one job each; progress counts per state;
+"""Campaigns: each kernel x its shapes x dtypes, expanded into one job each, and a model's runtime
+settings, one job per chip and quantization (:func:`runtime_targets`); progress counts per state;
 the warning at creation when no enrolled worker can run them. Cancel, delete and retry live in
 :mod:`kernelfleet.service.campaign_control`.
 
@@ -19,7 +20,7 @@ from kernelfleet.service.db import db_now, immediate
 from kernelfleet.service.errors import NotFound
 from kernelfleet.service.models import Backend, Campaign, Job, JobKind, JobState, Worker
 from kernelfleet.service.schemas import CampaignIn, CampaignOut, Progress
-from kernelfleet.service.targets import chip_matches, target_id
+from kernelfleet.service.targets import chip_matches, exact_chip_pattern, target_id
 
 
 def create_campaign(session: Session, body: CampaignIn, default_max_attempts: int) -> int:
@@ -27,28 +28,43 @@ def create_campaign(session: Session, body: CampaignIn, default_max_attempts: in
     backend = Backend(body.target_backend) if body.target_backend else None
     kernel_shapes = body.shape_sets()
     spec = campaign_spec(kernel_shapes, body.dtypes)
-    jobs = [(JobKind.tune, k, s, d)
+    own = (backend, body.target_chip)
+    jobs = [(JobKind.tune, k, s, d, own)
             for k, shapes in kernel_shapes.items() for s in shapes for d in body.dtypes]
-    if body.runtime_settings is not None:
-        plan = body.runtime_settings
-        spec["runtime_settings"] = plan.model_dump(mode="json", exclude={"layers"})
-        model = shape_key(plan.config)
-        jobs += [(JobKind.runtime_settings, JOB_KERNEL, model, d) for d in plan.job_dtypes()]
     with immediate(session):
+        if body.runtime_settings is not None:
+            plan = body.runtime_settings
+            spec["runtime_settings"] = plan.model_dump(mode="json", exclude={"layers"})
+            model = shape_key(plan.config)
+            jobs += [(JobKind.runtime_settings, JOB_KERNEL, model, d, where)
+                     for where in runtime_targets(session, backend, body.target_chip)
+                     for d in plan.job_dtypes()]
         campaign = Campaign(name=body.name, target_backend=backend, target_chip=body.target_chip,
                             max_attempts=max_attempts, spec=spec)
         session.add(campaign)
         session.flush()
-        target = target_id(session, backend, body.target_chip)
+        targets = {where: target_id(session, *where) for where in {j[4] for j in jobs}}
         session.execute(insert(Job), [
             {"campaign_id": campaign.id, "kind": kind, "kernel": k, "shape": s, "dtype": d,
-             "target_backend": backend, "target_chip": body.target_chip, "target_id": target,
+             "target_backend": where[0], "target_chip": where[1], "target_id": targets[where],
              "state": JobState.queued,
              "attempts": 0, "max_attempts": max_attempts}
-            for kind, k, s, d in jobs
+            for kind, k, s, d, where in jobs
         ])
         campaign_id = campaign.id
     return campaign_id
+
+
+def runtime_targets(session: Session, backend: Backend | None, chip: str | None
+                    ) -> list[tuple[Backend | None, str | None]]:
+    """Where a campaign's runtime-settings jobs go (each chip has its own settings): one target per
+    chip of the enrolled, unrevoked workers that the campaign's target matches, that chip exactly on
+    its backend; the campaign's own target while none is enrolled."""
+    rows = session.execute(select(Worker.backend, Worker.chip).distinct()
+                           .where(Worker.revoked_at.is_(None))).all()
+    chips = sorted({(Backend(b), c) for b, c in rows
+                    if (backend is None or b == backend) and (chip is None or chip_matches(chip, c))})
+    return [(b, exact_chip_pattern(c)) for b, c in chips] or [(backend, chip)]
 
 
 def campaign_spec(kernel_shapes: dict[str, list[str]], dtypes: list[str]) -> dict[str, Any]:

@@ -310,7 +310,8 @@ MAX_MODEL_CONFIG = 64 * 1024  # characters of a model's config.json in a campaig
 
 
 class RuntimeSettingsPlan(Strict):
-    """A campaign's runtime-settings jobs: one per quantization, each the search of
+    """A campaign's runtime-settings jobs: one per quantization and chip (:func:`.campaigns.runtime_targets`),
+    each the search of
     ``kernelfleet settings tune`` for ``config``'s model at every workload (one fresh process per
     setting, paired against MLX's defaults with a control), run by the worker that leases it within
     that worker's budget, its result stored as the worker's chip's runtime settings."""
@@ -373,7 +374,8 @@ class CampaignIn(Strict):
     dtypes: Annotated[list[DType], Field(max_length=3, description="the kernels' dtypes (at least one "
                                         "with kernels)")] = []
     runtime_settings: Annotated[RuntimeSettingsPlan | None, Field(
-        description="also (or only) search MLX's runtime settings for a model: one job per quantization")
+        description="also (or only) search MLX's runtime settings for a model: one job per quantization "
+                    "and enrolled chip the campaign targets")
     ] = None
     target_backend: BackendName | None = None
     target_chip: Annotated[str, Field(min_length=1, max_length=128,

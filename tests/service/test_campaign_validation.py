@@ -99,7 +99,8 @@ def test_runtime_settings_dry_runs_print_their_jobs(tmp_path: Path) -> None:
     code, out, err = create("--from-model", LLAMA, "--runtime-settings-only", "--runtime-layers", "8",
                             "--dry-run")
     assert code == 0, (out, err)
-    said = "runtime settings: 1 job(s), llama h4096 x8 x bf16, each at prefill:2048, decode:1, decode:8"
+    said = ("runtime settings: llama h4096 x8 x bf16 at prefill:2048, decode:1, decode:8: one job per "
+            "dtype and enrolled chip")
     assert said in out and "dry run: nothing queued" in out, out
     assert "plan:" not in out  # no kernel jobs
     # a 4-bit model's own weights by default, beside its kernel jobs
@@ -110,7 +111,7 @@ def test_runtime_settings_dry_runs_print_their_jobs(tmp_path: Path) -> None:
     code, out, err = create("--from-model", str(quantized), "--runtime-settings", "--runtime-dtype", "4bit",
                             "--runtime-dtype", "bf16", "--runtime-workload", "decode:1", "--dry-run")
     assert code == 0, (out, err)
-    assert "runtime settings: 2 job(s), llama h4096 x32 x 4bit, bf16, each at decode:1" in out
+    assert "runtime settings: llama h4096 x32 x 4bit, bf16 at decode:1: one job per dtype" in out
     assert "plan:" in out
     code, out, err = create("--from-model", str(quantized), "--runtime-settings-only", "--dry-run")
-    assert code == 0 and "x 4bit, each at" in out, (out, err)
+    assert code == 0 and "x 4bit at" in out, (out, err)

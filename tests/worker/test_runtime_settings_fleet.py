@@ -23,6 +23,7 @@ from test_runtime_settings import TINY, kf_here
 
 from kernelfleet import runtime_settings_file as settings_file
 from kernelfleet.chips import detect_chip
+from kernelfleet.service.targets import exact_chip_pattern
 from kernelfleet.worker.state import Credentials, WorkerState
 
 pytest.importorskip("mlx_lm")
@@ -51,17 +52,21 @@ def test_runtime_settings_reach_another_machine_through_a_job_push_and_pull(
     model.write_text(json.dumps(TINY))
     plan = {"config": TINY, "compute_dtype": "float32", "workloads": ["decode:1"], "context": 8, "steps": 2,
             "reps": 1, "rounds": 3}
-    # the tiny Llama's runtime settings, beside one kernel job (its result makes the chip's profile)
+    h100 = "NVIDIA H100 80GB HBM3"
+    _enrolled(coordinator, h100, "cuda", tmp_path / "h100")  # enrolled, never runs here
+    # the tiny Llama's runtime settings, beside one kernel job (its result makes the chip's profile):
+    # the kernel job for any worker, a runtime-settings job for each enrolled chip
     with coordinator.admin() as admin:
         r = admin.post("/campaigns", json={"name": "tiny llama", "kernels": ["rmsnorm"], "shapes": ["8x64"],
-                                           "dtypes": ["float32"], "runtime_settings": plan,
-                                           "target_backend": chip.backend})
+                                           "dtypes": ["float32"], "runtime_settings": plan})
         assert r.status_code == 201, r.text
         campaign = r.json()["id"]
         jobs = admin.get("/jobs", params={"campaign_id": campaign}).json()
-    assert sorted((j["kind"], j["kernel"], j["shape"], j["dtype"]) for j in jobs) == [
-        ("runtime_settings", "runtime_settings", "llama h64 x2", "float32"),
-        ("tune", "rmsnorm", "8x64", "float32")]
+    planned = sorted((j["kind"], j["kernel"], j["shape"], j["dtype"], j["target_chip"]) for j in jobs)
+    assert planned == sorted([
+        ("runtime_settings", "runtime_settings", "llama h64 x2", "float32", exact_chip_pattern(chip.name)),
+        ("runtime_settings", "runtime_settings", "llama h64 x2", "float32", h100),
+        ("tune", "rmsnorm", "8x64", "float32", None)])
 
     # the runtime job's lease carries its search; a result for another model, a tuning report or
     # neither is refused (422) and the lease stays this worker's, which gives both jobs back
@@ -86,8 +91,10 @@ def test_runtime_settings_reach_another_machine_through_a_job_push_and_pull(
     assert code == 0, log
     assert "runtime_settings llama h64 x2 float32" in log and "decode:1 MLX defaults" in log
     with coordinator.admin() as admin:
-        states = {j["kind"]: j["state"] for j in admin.get("/jobs", params={"campaign_id": campaign}).json()}
-        assert states == {"tune": "done", "runtime_settings": "done"}
+        states = {(j["kind"], j["target_chip"]): j["state"]
+                  for j in admin.get("/jobs", params={"campaign_id": campaign}).json()}
+        assert states == {("tune", None): "done", ("runtime_settings", exact_chip_pattern(chip.name)): "done",
+                          ("runtime_settings", h100): "queued"}  # for the H100's own worker
         got = admin.get(f"/runtime-settings/{chip.name}")
     [entry] = got.json()["entries"]
     assert (got.json()["chip"], got.json()["backend"]) == (chip.name, chip.backend)
