@@ -310,11 +310,11 @@ MAX_MODEL_CONFIG = 64 * 1024  # characters of a model's config.json in a campaig
 
 
 class RuntimeSettingsPlan(Strict):
-    """A campaign's runtime-settings jobs: one per quantization and chip (:func:`.campaigns.runtime_targets`),
-    each the search of
-    ``kernelfleet settings tune`` for ``config``'s model at every workload (one fresh process per
-    setting, paired against MLX's defaults with a control), run by the worker that leases it within
-    that worker's budget, its result stored as the worker's chip's runtime settings."""
+    """A campaign's runtime-settings jobs: one per quantization and chip
+    (:func:`kernelfleet.service.campaigns.runtime_targets`), each the search of ``kernelfleet settings
+    tune`` for ``config``'s model at every workload (one fresh process per setting, paired against
+    MLX's defaults with a control), run by the worker that leases it within that worker's budget, its
+    result stored as the worker's chip's runtime settings."""
 
     config: Annotated[dict[str, Any], Field(description="the model's config.json (mlx-lm / Hugging Face)")]
     quantizations: Annotated[list[Literal["bf16", "4bit", "8bit"]], Field(

@@ -194,6 +194,7 @@ def test_runtime_settings_reach_another_machine_through_a_job_push_and_pull(
         assert reg["group_key"] == "mlx_version=0.31.0->0.32.0" and 0.15 < reg["effect"] < 0.25
     page = httpx.get(f"{coordinator.url}/regressions/{reg['id']}", headers=admin, timeout=30)
     assert page.status_code == 200 and "llama h4096 x8 decode:8" in page.text
+    assert "1.20x → <b>1.00x</b>" in page.text and "/kernels/runtime_settings" not in page.text
 
     # the campaign's pages count the runtime job with its kernel job
     page = httpx.get(f"{coordinator.url}/campaigns/{campaign}", headers=admin, timeout=30)
