@@ -7,7 +7,8 @@ library only (read before MLX is imported, to set its environment)::
      "entries": [{"model": "llama h4096 x8", "dtype": "bf16", "workload": "decode:8",
                   "settings": {"MLX_MAX_MB_PER_BUFFER": "500", "MLX_MAX_OPS_PER_BUFFER": "50"},
                   "gain": 1.18, "interval": [1.09, 1.25], "verdict": "faster", "bit_identical": true,
-                  "rounds": 5, "control": {"gain": 1.01, "interval": [0.97, 1.04]},
+                  "rounds": 5, "round_gains": [1.18, 1.22, 1.09, 1.25, 1.16],
+                  "control": {"gain": 1.01, "interval": [0.97, 1.04]},
                   "evidence": [{"stage": "coarse", "settings": {...}, "gain": ..., "interval": [...],
                                 "verdict": ..., "rounds": ..., "bit_identical": ...}, ...],
                   "note": ""}, ...]}
@@ -15,7 +16,9 @@ library only (read before MLX is imported, to set its environment)::
 ``settings`` {}: MLX's defaults stay (none was faster beyond the noise, or the budget ran out:
 ``note`` says which). ``gain``/``interval``: the chosen settings' speed over the defaults in the
 confirmation rounds, paired by round (95 % bootstrap); ``control``: stock against stock in the same
-rounds, the pairing's own noise. ``model``: :func:`shape_key` of the model's config.json.
+rounds, the pairing's own noise; ``round_gains``: the gain in each confirmation round (the control's
+where the defaults stay), which the coordinator compares across MLX versions. ``model``:
+:func:`shape_key` of the model's config.json.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ from typing import Any
 from kernelfleet.local_state import chip_slug, profile_dir
 
 SCHEMA = "kernelfleet-runtime-settings/1"
+# a fleet job that searches runtime settings (jobs.kind 'runtime_settings') names this as its kernel, and a
+# regression of a setting's gain names it too: its series are (chip, model + workload, dtype)
+JOB_KERNEL = "runtime_settings"
+QUANTIZATIONS = ("bf16", "4bit", "8bit")
 
 
 class SettingsFileError(ValueError):
@@ -39,6 +46,15 @@ def shape_key(config: dict[str, Any]) -> str:
     if config.get("num_experts"):
         out += f" e{config['num_experts']}/{config.get('num_experts_per_tok')}"
     return out
+
+
+def dtype_label(quant: str, compute_dtype: str = "bfloat16") -> str:
+    """An entry's ``dtype``: the model's quantization (``bf16``, ``4bit``, ``8bit``), with the
+    activations' dtype where it is not bfloat16 (``float32``, ``4bit float32``)."""
+    own = "" if compute_dtype == "bfloat16" else compute_dtype
+    if quant == "bf16":
+        return own or "bf16"
+    return f"{quant} {own}".strip()
 
 
 def installed_path(chip: str) -> Path:

@@ -160,6 +160,22 @@ def campaign_create(
     dtype: Annotated[list[str] | None, typer.Option(
         "--dtype", help="float32, float16 or bfloat16; repeat (default with --from-model: the model's)",
     )] = None,
+    runtime_settings: Annotated[bool, typer.Option(
+        "--runtime-settings", help="With --from-model: also queue the model's runtime-settings jobs, one per "
+        "enrolled chip the campaign targets (MLX's runtime knobs searched on that chip's worker, within its "
+        "--budget; docs/runtime_settings.md)"
+    )] = False,
+    runtime_settings_only: Annotated[bool, typer.Option(
+        "--runtime-settings-only", help="With --from-model: queue only the runtime-settings jobs")] = False,
+    runtime_dtype: Annotated[list[str] | None, typer.Option(
+        "--runtime-dtype", help="Runtime settings: bf16, 4bit or 8bit weights, one job each (per chip); "
+        "repeat "
+        "(default: the model's)")] = None,
+    runtime_workload: Annotated[list[str] | None, typer.Option(
+        "--runtime-workload", help="Runtime settings: prefill:TOKENS or decode:BATCH; repeat (default "
+        "prefill:2048, decode:1, decode:8)")] = None,
+    runtime_layers: Annotated[int, typer.Option(
+        "--runtime-layers", min=0, help="Runtime settings: decoder layers built (0: the config's)")] = 0,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; queue nothing")] = False,
     backend: Annotated[str | None, typer.Option("--backend", help="Only metal, cuda or cpu workers")] = None,
     chip: Annotated[str | None, typer.Option("--chip", help="Only chips matching this glob, "
@@ -169,14 +185,35 @@ def campaign_create(
     coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None,
 ) -> None:
     """Create a campaign: one job per kernel x shape x dtype (each kernel with its own shapes with
-    --kernel-shape or --from-model). Prints the plan before it queues anything."""
+    --kernel-shape or --from-model), and with --runtime-settings one runtime-settings job per weight
+    dtype of the model and enrolled chip the campaign targets. Prints the plan before it queues
+    anything."""
     from kernelfleet.service import campaign_plan  # the kernel catalog (numpy, mlx): only when planning
 
-    sets, dtypes, name = campaign_plan.shape_sets(
-        kernel=kernel or [], shape=shape or [], kernel_shape=kernel_shape or [], from_model=from_model,
-        decode=decode, prefill=prefill, dtype=dtype or [], name=name, out=out, err=err, backend=backend,
-        chip=chip, verify=verify)
-    body: dict[str, Any] = {"name": name, "kernel_shapes": sets, "dtypes": dtypes}
+    body: dict[str, Any] = {}
+    runtime = runtime_settings or runtime_settings_only
+    if runtime_settings_only and (kernel or shape or kernel_shape or dtype or decode or prefill or verify):
+        err.print("[bold red]error:[/] --runtime-settings-only queues no kernel jobs: drop --kernel, "
+                  "--shape, --kernel-shape, --dtype, --decode, --prefill and --verify", highlight=False)
+        raise typer.Exit(1)
+    if not runtime and (runtime_dtype or runtime_workload or runtime_layers):
+        err.print("[bold red]error:[/] --runtime-dtype, --runtime-workload and --runtime-layers go with "
+                  "--runtime-settings", highlight=False)
+        raise typer.Exit(1)
+    if runtime:
+        body["runtime_settings"] = campaign_plan.runtime_settings(
+            from_model, quantization=runtime_dtype or [], workload=runtime_workload or [],
+            layers=runtime_layers, out=out, err=err)
+    if runtime_settings_only:
+        name = name or f"runtime settings: {body['runtime_settings']['config'].get('model_type')} " \
+                       f"({from_model.resolve().parent.name if from_model else ''})"
+    else:
+        sets, dtypes, name = campaign_plan.shape_sets(
+            kernel=kernel or [], shape=shape or [], kernel_shape=kernel_shape or [], from_model=from_model,
+            decode=decode, prefill=prefill, dtype=dtype or [], name=name, out=out, err=err, backend=backend,
+            chip=chip, verify=verify)
+        body.update(kernel_shapes=sets, dtypes=dtypes)
+    body["name"] = name
     if backend is not None:
         body["target_backend"] = backend
     if chip is not None:

@@ -1,11 +1,13 @@
 """The plan of ``kernelfleet admin campaign create``: each kernel's shapes, from ``--kernel`` x ``--shape``,
 ``--kernel-shape KERNEL=SHAPE`` or a model's ``config.json`` (:mod:`kernelfleet.kernels.patch.model_shapes`),
-printed before anything is queued."""
+and with ``--runtime-settings`` the model's runtime-settings jobs (:func:`runtime_settings`), printed
+before anything is queued."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -137,3 +139,43 @@ def print_plan(out: Console, sets: dict[str, list[str]], dtypes: list[str], site
     out.print(table)
     for note in notes:
         out.print(f"note: {note}", highlight=False, soft_wrap=True)
+
+
+def runtime_settings(from_model: Path | None, *, quantization: Sequence[str], workload: Sequence[str],
+                     layers: int, out: Console, err: Console) -> dict[str, Any]:
+    """The ``runtime_settings`` of a campaign's body from ``--from-model`` (quantization: the
+    ``--runtime-dtype`` values, else the model's own: its config's ``quantization`` bits, else bf16),
+    checked as the coordinator checks it, then its plan printed: one job per quantization and chip."""
+    from pydantic import ValidationError
+
+    from kernelfleet.runtime_settings_file import shape_key
+    from kernelfleet.service.schemas import RUNTIME_WORKLOADS, RuntimeSettingsPlan
+
+    if from_model is None:
+        raise _fail(err, "--runtime-settings goes with --from-model (the model whose settings are searched)")
+    try:
+        config = load_config(from_model)
+    except ModelConfigError as e:
+        raise _fail(err, str(e)) from None
+    own = config.get("quantization") or config.get("quantization_config") or {}
+    bits = own.get("bits") if isinstance(own, dict) else None
+    own_dtype = f"{bits}bit" if bits in (4, 8) else "bf16"
+    body: dict[str, Any] = {"config": config, "quantizations": list(quantization) or [own_dtype],
+                            "workloads": list(workload) or RUNTIME_WORKLOADS, "layers": layers}
+    try:
+        plan = RuntimeSettingsPlan.model_validate(body)
+    except ValidationError as e:
+        for problem in e.errors()[:10]:
+            where = {"quantizations": "--runtime-dtype", "workloads": "--runtime-workload",
+                     "layers": "--runtime-layers"}.get(str(problem["loc"][0]) if problem["loc"] else "",
+                                                       "--from-model")
+            value = f" {problem['input']!r}" if problem["loc"] and len(problem["loc"]) > 1 else ""
+            err.print(f"[bold red]error:[/] {where}{value}: {escape(problem['msg'])}", highlight=False,
+                      soft_wrap=True)
+        raise _fail(err, "nothing was queued: fix the options above") from None
+    dtypes = plan.job_dtypes()
+    out.print(f"runtime settings: {shape_key(plan.config)} x {', '.join(dtypes)} at "
+              f"{', '.join(plan.workloads)}: one job per dtype and enrolled chip the campaign targets (MLX's "
+              f"runtime knobs searched on that chip's worker, within its --budget)", highlight=False,
+              soft_wrap=True)
+    return body

@@ -1,4 +1,5 @@
-"""Campaigns: each kernel x its shapes x dtypes, expanded into one job each; progress counts per state;
+"""Campaigns: each kernel x its shapes x dtypes, expanded into one job each, and a model's runtime
+settings, one job per chip and quantization (:func:`runtime_targets`); progress counts per state;
 the warning at creation when no enrolled worker can run them. Cancel, delete and retry live in
 :mod:`kernelfleet.service.campaign_control`.
 
@@ -14,39 +15,76 @@ from typing import Any
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
+from kernelfleet.runtime_settings_file import JOB_KERNEL, dtype_label, shape_key
 from kernelfleet.service.db import db_now, immediate
 from kernelfleet.service.errors import NotFound
 from kernelfleet.service.models import Backend, Campaign, Job, JobKind, JobState, Worker
 from kernelfleet.service.schemas import CampaignIn, CampaignOut, Progress
-from kernelfleet.service.targets import chip_matches, target_id
+from kernelfleet.service.targets import chip_matches, exact_chip_pattern, target_id
 
 
 def create_campaign(session: Session, body: CampaignIn, default_max_attempts: int) -> int:
     max_attempts = body.max_attempts or default_max_attempts
     backend = Backend(body.target_backend) if body.target_backend else None
     kernel_shapes = body.shape_sets()
+    spec = campaign_spec(kernel_shapes, body.dtypes)
+    own = (backend, body.target_chip)
+    jobs = [(JobKind.tune, k, s, d, own)
+            for k, shapes in kernel_shapes.items() for s in shapes for d in body.dtypes]
     with immediate(session):
+        if body.runtime_settings is not None:
+            plan = body.runtime_settings
+            spec["runtime_settings"] = plan.model_dump(mode="json", exclude={"layers"})
+            model = shape_key(plan.config)
+            jobs += [(JobKind.runtime_settings, JOB_KERNEL, model, d, where)
+                     for where in runtime_targets(session, backend, body.target_chip)
+                     for d in plan.job_dtypes()]
         campaign = Campaign(name=body.name, target_backend=backend, target_chip=body.target_chip,
-                            max_attempts=max_attempts, spec=campaign_spec(kernel_shapes, body.dtypes))
+                            max_attempts=max_attempts, spec=spec)
         session.add(campaign)
         session.flush()
-        target = target_id(session, backend, body.target_chip)
+        targets = {where: target_id(session, *where) for where in {j[4] for j in jobs}}
         session.execute(insert(Job), [
-            {"campaign_id": campaign.id, "kind": JobKind.tune, "kernel": k, "shape": s, "dtype": d,
-             "target_backend": backend, "target_chip": body.target_chip, "target_id": target,
+            {"campaign_id": campaign.id, "kind": kind, "kernel": k, "shape": s, "dtype": d,
+             "target_backend": where[0], "target_chip": where[1], "target_id": targets[where],
              "state": JobState.queued,
              "attempts": 0, "max_attempts": max_attempts}
-            for k, shapes in kernel_shapes.items() for s in shapes for d in body.dtypes
+            for kind, k, s, d, where in jobs
         ])
         campaign_id = campaign.id
     return campaign_id
 
 
+def runtime_targets(session: Session, backend: Backend | None, chip: str | None
+                    ) -> list[tuple[Backend | None, str | None]]:
+    """Where a campaign's runtime-settings jobs go (each chip has its own settings): one target per
+    chip of the enrolled, unrevoked workers that the campaign's target matches, that chip exactly on
+    its backend; the campaign's own target while none is enrolled."""
+    rows = session.execute(select(Worker.backend, Worker.chip).distinct()
+                           .where(Worker.revoked_at.is_(None))).all()
+    chips = sorted({(Backend(b), c) for b, c in rows
+                    if (backend is None or b == backend) and (chip is None or chip_matches(chip, c))})
+    return [(b, exact_chip_pattern(c)) for b, c in chips] or [(backend, chip)]
+
+
 def campaign_spec(kernel_shapes: dict[str, list[str]], dtypes: list[str]) -> dict[str, Any]:
-    """The stored ``spec`` of a campaign (migration 0005 writes the same for older campaigns)."""
+    """The stored ``spec`` of a campaign (migration 0005 writes the same for older campaigns); a campaign
+    with runtime-settings jobs adds ``runtime_settings`` (its
+    :class:`~kernelfleet.service.schemas.RuntimeSettingsPlan` as given, the config cut to its ``layers``)."""
     every = list(dict.fromkeys(s for shapes in kernel_shapes.values() for s in shapes))
     return {"kernels": list(kernel_shapes), "shapes": every, "dtypes": list(dtypes),
             "kernel_shapes": {k: list(v) for k, v in kernel_shapes.items()}}
+
+
+def runtime_settings_request(spec: dict[str, Any], dtype: str) -> dict[str, Any] | None:
+    """What a leased runtime_settings job searches: its campaign's ``runtime_settings`` with the
+    quantization of the job's ``dtype`` (None when the campaign has none)."""
+    plan = spec.get("runtime_settings")
+    if not plan:
+        return None
+    quant = next((q for q in plan["quantizations"] if dtype_label(q, plan["compute_dtype"]) == dtype), None)
+    request = {k: v for k, v in plan.items() if k != "quantizations"}
+    return {**request, "quantization": quant}
 
 
 def _progress(session: Session, ids: list[int]) -> dict[int, Progress]:

@@ -5,6 +5,9 @@
 - a different payload for that lease -> 422
 - a lease that is not the job's current one, or a replay by a worker other than the one that
   completed it (even with the right token and payload) -> 409
+- a runtime_settings job's result is the runtime-settings file it chose
+  (:func:`kernelfleet.service.runtime_settings.store_settings`); a tuning report for it, or runtime
+  settings for a tuning job, -> 422
 
 Lease tokens are compared and stored as SHA-256 digests.
 """
@@ -22,9 +25,10 @@ from kernelfleet.service.auth import WorkerCall, digest
 from kernelfleet.service.db import db_now
 from kernelfleet.service.errors import Conflict, Invalid
 from kernelfleet.service.leasing import explain_stale
-from kernelfleet.service.models import Job, JobState, Result, Worker
+from kernelfleet.service.models import Job, JobKind, JobState, Result, Worker
 from kernelfleet.service.reports import store_report
-from kernelfleet.service.schemas import TuningReport
+from kernelfleet.service.schemas import CompleteIn, RuntimeSettingsFile, TuningReport
+from kernelfleet.service.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -56,22 +60,19 @@ def check_origin(worker: Worker, chip: str, backend: str, *, what: str = "this r
                       f"machine as its own worker)")
 
 
-def _complete(session: Session, worker: Worker, job_id: int, token: str, report: TuningReport) -> Completion:
-    check_origin(worker, report.env.chip, report.env.backend)
-    payload = report.digest()
-    replay = _replay(session, worker, job_id, token, payload)
-    if replay is not None:
-        return replay
+def _leased(session: Session, worker: Worker, job_id: int, token: str) -> Job:
+    """The job, when ``token`` is this worker's current lease on it; else the stale lease's error."""
     job = session.scalars(
         select(Job).where(Job.id == job_id, Job.lease_token == digest(token), Job.state == JobState.leased,
                           Job.leased_by == worker.id)
     ).first()
     if job is None:
         raise explain_stale(session, job_id, token)
-    wanted = (job.kernel, job.shape, job.dtype)
-    got = (report.kernel, report.shape, report.dtype)
-    if wanted != got:
-        raise Invalid(f"job {job_id} is {'/'.join(wanted)} but the report is for {'/'.join(got)}")
+    return job
+
+
+def _finish(session: Session, job_id: int, token: str) -> None:
+    """Mark the leased job done (in the transaction that stores its result)."""
     done = session.execute(
         update(Job).where(Job.id == job_id, Job.lease_token == digest(token), Job.state == JobState.leased)
         .values(state=JobState.done, finished_at=db_now(), lease_expires_at=None, updated_at=db_now(),
@@ -80,6 +81,28 @@ def _complete(session: Session, worker: Worker, job_id: int, token: str, report:
     ).scalar()
     if done is None:  # the reaper requeued it between our read and this write (PostgreSQL)
         raise explain_stale(session, job_id, token)
+
+
+def _wrong_kind(job: Job, sent: str) -> Invalid:
+    wants = "runtime_settings" if job.kind == JobKind.runtime_settings else "a report"
+    return Invalid(f"job {job.id} is a {job.kind.value} job ({job.kernel}/{job.shape}/{job.dtype}): its "
+                   f"result is {wants}, not {sent}")
+
+
+def _complete(session: Session, worker: Worker, job_id: int, token: str, report: TuningReport) -> Completion:
+    check_origin(worker, report.env.chip, report.env.backend)
+    payload = report.digest()
+    replay = _replay(session, worker, job_id, token, payload)
+    if replay is not None:
+        return replay
+    job = _leased(session, worker, job_id, token)
+    if job.kind == JobKind.runtime_settings:
+        raise _wrong_kind(job, "a tuning report")
+    wanted = (job.kernel, job.shape, job.dtype)
+    got = (report.kernel, report.shape, report.dtype)
+    if wanted != got:
+        raise Invalid(f"job {job_id} is {'/'.join(wanted)} but the report is for {'/'.join(got)}")
+    _finish(session, job_id, token)
     result = store_report(session, report, source="lease", job_id=job_id, worker_id=worker.id,
                           lease_token=digest(token), payload_digest=payload)
     response = {"result_id": result.id, "job_id": job_id, "state": "done"}
@@ -87,9 +110,40 @@ def _complete(session: Session, worker: Worker, job_id: int, token: str, report:
     return Completion(response=response, created=True)
 
 
-def complete(call: WorkerCall, job_id: int, token: str, report: TuningReport) -> Completion:
-    """Store ``report`` as the result of this worker's current lease on ``job_id`` (or answer a replay),
-    authenticating the worker in the same transaction."""
+def _complete_runtime(session: Session, worker: Worker, job_id: int, token: str, body: RuntimeSettingsFile,
+                      min_effect: float) -> Completion:
+    """A runtime_settings job's chosen settings, stored as the worker's chip's (no result row: a
+    replay of this lease, once done, is answered from the job and stores nothing again)."""
+    response = {"result_id": None, "job_id": job_id, "state": "done", "stored": len(body.entries)}
+    prior = session.get(Job, job_id)
+    if (prior is not None and prior.kind == JobKind.runtime_settings and prior.state == JobState.done
+            and prior.lease_token == digest(token) and prior.leased_by == worker.id):
+        return Completion(response=response, created=False)
+    job = _leased(session, worker, job_id, token)
+    if job.kind != JobKind.runtime_settings:
+        raise _wrong_kind(job, "runtime_settings")
+    strays = sorted({f"{e.model}/{e.dtype}" for e in body.entries} - {f"{job.shape}/{job.dtype}"})
+    if strays:
+        raise Invalid(f"job {job_id} searches {job.shape}/{job.dtype}, but the settings are for "
+                      f"{', '.join(strays)}")
+    from kernelfleet.service.runtime_settings import store_settings  # it imports check_origin from here
+
+    _finish(session, job_id, token)
+    store_settings(session, worker, body, min_effect)
+    return Completion(response=response, created=True)
+
+
+def complete(call: WorkerCall, job_id: int, body: CompleteIn, settings: Settings) -> Completion:
+    """Store ``body``'s result (a tuning report, or a runtime_settings job's settings) as the result of
+    this worker's current lease on ``job_id`` (or answer a replay), authenticating the worker in the same
+    transaction."""
+    token = body.lease_token
+    if body.runtime_settings is not None:
+        runtime = body.runtime_settings
+        with call.transaction() as (session, worker):
+            return _complete_runtime(session, worker, job_id, token, runtime, settings.regression_min_effect)
+    assert body.report is not None  # CompleteIn holds one of the two
+    report = body.report
     try:
         with call.transaction() as (session, worker):
             return _complete(session, worker, job_id, token, report)

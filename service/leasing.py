@@ -28,9 +28,19 @@ from sqlalchemy.orm import Session, aliased
 from sqlalchemy.sql.dml import ReturningUpdate
 
 from kernelfleet.service.auth import LEASE_PREFIX, digest, new_token
+from kernelfleet.service.campaigns import runtime_settings_request
 from kernelfleet.service.db import db_now
 from kernelfleet.service.errors import Conflict, NotFound
-from kernelfleet.service.models import Job, JobKind, JobState, JobTarget, Regression, RegressionStatus, Worker
+from kernelfleet.service.models import (
+    Campaign,
+    Job,
+    JobKind,
+    JobState,
+    JobTarget,
+    Regression,
+    RegressionStatus,
+    Worker,
+)
 from kernelfleet.service.targets import runnable_targets
 
 
@@ -43,6 +53,7 @@ class Lease:
     dtype: str
     kind: JobKind
     lease_expires_at: datetime
+    request: dict[str, Any] | None = None  # a runtime_settings job's search (its campaign's)
 
 
 @dataclass(frozen=True)
@@ -82,14 +93,14 @@ def _pick(targets: list[int] | BindParameter[Any]) -> ColumnElement[int]:
 
 def lease_statement(targets: list[int] | BindParameter[Any], worker_id: int | BindParameter[Any],
                     token_digest: str | BindParameter[Any], confirm_seconds: float | BindParameter[Any],
-                    ) -> ReturningUpdate[tuple[int, str, str, str, JobKind, datetime]]:
+                    ) -> ReturningUpdate[tuple[int, str, str, str, JobKind, datetime, int | None]]:
     """The one statement that leases: the oldest available job among ``targets``, to ``worker_id``."""
     return (
         update(Job)
         .where(Job.id == _pick(targets), Job.state == JobState.queued)
         .values(state=JobState.leased, lease_token=token_digest, leased_by=worker_id, lease_confirmed=False,
                 attempts=Job.attempts + 1, lease_expires_at=db_now(confirm_seconds), updated_at=db_now())
-        .returning(Job.id, Job.kernel, Job.shape, Job.dtype, Job.kind, Job.lease_expires_at)
+        .returning(Job.id, Job.kernel, Job.shape, Job.dtype, Job.kind, Job.lease_expires_at, Job.campaign_id)
         .execution_options(synchronize_session=False)
     )
 
@@ -113,8 +124,12 @@ def lease_next(session: Session, worker: Worker, confirm_seconds: float) -> Leas
                                    "confirm_seconds": float(confirm_seconds)}).first()
     if row is None:
         return None
+    request = None
+    if row.kind == JobKind.runtime_settings and row.campaign_id is not None:
+        spec = session.scalar(select(Campaign.spec).where(Campaign.id == row.campaign_id))
+        request = runtime_settings_request(spec or {}, row.dtype)
     return Lease(job_id=row.id, lease_token=token, kernel=row.kernel, shape=row.shape, dtype=row.dtype,
-                 kind=row.kind, lease_expires_at=row.lease_expires_at)
+                 kind=row.kind, lease_expires_at=row.lease_expires_at, request=request)
 
 
 def _current_lease(job_id: int, token: str, worker_id: int) -> ColumnElement[bool]:

@@ -65,6 +65,9 @@ class JobState(enum.StrEnum):
 class JobKind(enum.StrEnum):
     tune = "tune"
     confirm = "confirm"  # a confirmation re-run asked for by the regression detector
+    # a search of MLX's runtime settings for a model (its campaign's spec["runtime_settings"]); kernel
+    # "runtime_settings", shape the model's shape key, dtype its entries' dtype (e.g. bf16, 4bit)
+    runtime_settings = "runtime_settings"
 
 
 class TrialStatus(enum.StrEnum):

@@ -24,6 +24,7 @@ import httpx
 from sqlalchemy import exists, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from kernelfleet.runtime_settings_file import JOB_KERNEL
 from kernelfleet.service.db import db_now, immediate
 from kernelfleet.service.leasing import backoff_seconds
 from kernelfleet.service.models import (
@@ -44,6 +45,10 @@ EVENT = "regression.confirmed"
 
 
 def alert_text(r: Regression, link: str) -> str:
+    if r.kernel == JOB_KERNEL:  # a runtime-settings series: its "times" are 1 / the gain over MLX's defaults
+        return (f"KernelFleet: MLX's runtime settings for {r.shape} {r.dtype} on {r.chip} ({r.config_key}) "
+                f"gain {1 / r.new_median_us:.2f}x over MLX's defaults, down from "
+                f"{1 / r.baseline_median_us:.2f}x. Cause: {describe(r.cause)}. {link}")
     unconfirmed = f" ({r.confirmation})" if (r.confirmation or "").startswith("unconfirmed") else ""
     return (f"KernelFleet: {r.kernel} {r.shape} {r.dtype} on {r.chip} is {100 * r.effect:+.1f}% slower "
             f"({r.baseline_median_us:.1f} -> {r.new_median_us:.1f} us){unconfirmed}. "

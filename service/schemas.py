@@ -84,6 +84,8 @@ KernelName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z][
                                   description="a catalog kernel name such as rmsnorm")]
 ShapeText = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_check_shape)]
 DType = Literal["float32", "float16", "bfloat16"]
+Workload = Annotated[str, Field(max_length=32, pattern=r"^(prefill|decode):[1-9][0-9]{0,6}$",
+                                description="prefill:TOKENS or decode:BATCH")]
 BackendName = Literal["metal", "cuda", "cpu"]
 TrialStatusName = Literal["ok", "compile_error", "launch_error", "mismatch", "unsupported"]
 JobStateName = Literal["queued", "leased", "done", "dead", "cancelled"]
@@ -303,6 +305,59 @@ class WorkerOut(BaseModel):
 
 # ---- campaigns and jobs ----
 
+RUNTIME_WORKLOADS = ["prefill:2048", "decode:1", "decode:8"]
+MAX_MODEL_CONFIG = 64 * 1024  # characters of a model's config.json in a campaign (llama-3-8b's: ~1 KB)
+
+
+class RuntimeSettingsPlan(Strict):
+    """A campaign's runtime-settings jobs: one per quantization and chip
+    (:func:`kernelfleet.service.campaigns.runtime_targets`), each the search of ``kernelfleet settings
+    tune`` for ``config``'s model at every workload (one fresh process per setting, paired against
+    MLX's defaults with a control), run by the worker that leases it within that worker's budget, its
+    result stored as the worker's chip's runtime settings."""
+
+    config: Annotated[dict[str, Any], Field(description="the model's config.json (mlx-lm / Hugging Face)")]
+    quantizations: Annotated[list[Literal["bf16", "4bit", "8bit"]], Field(
+        min_length=1, max_length=3, description="the model's weights: bf16, or quantized as "
+                                                "mlx_lm.convert does; one job each")] = ["bf16"]
+    workloads: Annotated[list[Workload], Field(min_length=1, max_length=8)] = RUNTIME_WORKLOADS
+    layers: Annotated[int, Field(ge=0, le=1024, description="decoder layers built (0: the config's)")] = 0
+    compute_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    context: Annotated[int, Field(ge=1, le=131_072, description="tokens in the KV cache before decode")] = 512
+    steps: Annotated[int, Field(ge=1, le=10_000, description="decode steps timed per measurement")] = 64
+    reps: Annotated[int, Field(ge=1, le=100, description="measurements per process")] = 3
+    rounds: Annotated[int, Field(ge=3, le=100, description="rounds per stage (at least 3)")] = 5
+
+    @model_validator(mode="after")
+    def _runnable(self) -> RuntimeSettingsPlan:
+        for label, values in (("quantizations", self.quantizations), ("workloads", self.workloads)):
+            if len(set(values)) != len(values):
+                raise ValueError(f"runtime_settings.{label} lists the same value twice")
+        if len(json.dumps(self.config)) > MAX_MODEL_CONFIG:
+            raise ValueError(f"runtime_settings.config: above {MAX_MODEL_CONFIG} characters; a model's "
+                             f"config.json is a few KB")
+        from kernelfleet.kernels.patch.model_shapes import ModelConfigError, derive
+
+        try:
+            derive(self.config)  # the same refusals as `campaign create --from-model`
+        except ModelConfigError as e:
+            raise ValueError(f"runtime_settings.config: {e}") from None
+        except (TypeError, KeyError, AttributeError, IndexError) as e:  # a field of an unexpected type
+            raise ValueError(f"runtime_settings.config: not a model's config.json ({type(e).__name__}: "
+                             f"{e})") from None
+        if self.layers:
+            self.config["num_hidden_layers"] = min(self.layers, int(self.config["num_hidden_layers"]))
+            self.layers = 0
+        return self
+
+    def job_dtypes(self) -> list[str]:
+        """The jobs' dtypes: each quantization's entry label
+        (:func:`kernelfleet.runtime_settings_file.dtype_label`)."""
+        from kernelfleet.runtime_settings_file import dtype_label
+
+        return [dtype_label(q, self.compute_dtype) for q in self.quantizations]
+
+
 class CampaignIn(Strict):
     """Either ``kernels`` x ``shapes`` (every kernel at every shape) or ``kernel_shapes`` (each kernel
     with its own shapes, e.g. a model's calls); either way x ``dtypes``."""
@@ -316,7 +371,12 @@ class CampaignIn(Strict):
                              Field(min_length=1, max_length=64,
                                    description="kernel -> its own shapes (instead of kernels x shapes)")
                              ] | None = None
-    dtypes: Annotated[list[DType], Field(min_length=1, max_length=3)]
+    dtypes: Annotated[list[DType], Field(max_length=3, description="the kernels' dtypes (at least one "
+                                        "with kernels)")] = []
+    runtime_settings: Annotated[RuntimeSettingsPlan | None, Field(
+        description="also (or only) search MLX's runtime settings for a model: one job per quantization "
+                    "and enrolled chip the campaign targets")
+    ] = None
     target_backend: BackendName | None = None
     target_chip: Annotated[str, Field(min_length=1, max_length=128,
                                       description="chip name or glob, e.g. 'Apple M3*'")] | None = None
@@ -327,8 +387,16 @@ class CampaignIn(Strict):
         pair = self.kernels is not None or self.shapes is not None
         if self.kernel_shapes is not None and pair:
             raise ValueError("give either kernels and shapes, or kernel_shapes, not both")
+        if self.runtime_settings is not None and self.kernel_shapes is None and not pair:
+            if self.dtypes:
+                raise ValueError("dtypes are the kernels' dtypes: give kernels too, or drop dtypes (runtime "
+                                 "settings take runtime_settings.quantizations)")
+            return self  # runtime settings only
         if self.kernel_shapes is None and (self.kernels is None or self.shapes is None):
-            raise ValueError("give kernels and shapes, or kernel_shapes")
+            raise ValueError("give kernels and shapes, or kernel_shapes" + (
+                "" if self.runtime_settings is None else " (or neither, for runtime settings only)"))
+        if not self.dtypes:
+            raise ValueError("dtypes: give at least one (the kernels' dtypes)")
         lists: dict[str, list[str]] = {"dtypes": list(self.dtypes)}
         if self.kernel_shapes is None:
             lists.update(kernels=self.kernels or [], shapes=self.shapes or [])
@@ -345,7 +413,7 @@ class CampaignIn(Strict):
         return self
 
     def shape_sets(self) -> dict[str, list[str]]:
-        """kernel -> its shapes, whichever form the campaign was given in."""
+        """kernel -> its shapes, whichever form the campaign was given in ({}: runtime settings only)."""
         if self.kernel_shapes is not None:
             return self.kernel_shapes
         return {k: list(self.shapes or []) for k in self.kernels or []}
@@ -433,9 +501,12 @@ class LeaseOut(BaseModel):
     kernel: str
     shape: str
     dtype: str
-    kind: str
+    kind: str  # tune, confirm (a regression's re-run), runtime_settings
     lease_expires_at: UtcTime  # a first, short deadline: confirm the lease with a heartbeat before it
     lease_seconds: float
+    # a runtime_settings job's search: its campaign's runtime_settings (config, workloads, ...) with
+    # this job's quantization; None for other kinds
+    runtime_settings: dict[str, Any] | None = None
 
 
 class LeaseTokenIn(Strict):
@@ -450,14 +521,27 @@ class HeartbeatOut(BaseModel):
 
 
 class CompleteIn(Strict):
+    """A job's result: a tuning ``report`` (kinds tune and confirm), or the ``runtime_settings`` file a
+    runtime_settings job chose (stored as the chip's runtime settings)."""
+
     lease_token: Token
-    report: TuningReport
+    report: TuningReport | None = None
+    runtime_settings: RuntimeSettingsFile | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> CompleteIn:
+        if (self.report is None) == (self.runtime_settings is None):
+            raise ValueError("give a report (a tuning job's) or runtime_settings (a runtime_settings job's)")
+        return self
 
 
 class CompleteOut(BaseModel):
-    result_id: int
+    """A tuning job's ``result_id``, or a runtime_settings job's ``stored`` entries (the other absent)."""
+
+    result_id: int | None = None
     job_id: int
     state: Literal["done"] = "done"
+    stored: int | None = None
 
 
 class FailIn(Strict):
@@ -493,8 +577,6 @@ Interval = Annotated[list[Gain], Field(min_length=2, max_length=2)]
 EnvName = Annotated[str, Field(min_length=5, max_length=64, pattern=r"^MLX_[A-Z0-9_]+$",
                                 description="an MLX environment variable, e.g. MLX_MAX_OPS_PER_BUFFER")]
 EnvValue = Annotated[str, Field(max_length=64)]
-Workload = Annotated[str, Field(max_length=32, pattern=r"^(prefill|decode):[1-9][0-9]{0,6}$",
-                                description="prefill:TOKENS or decode:BATCH")]
 
 
 class RuntimeControl(Strict):
@@ -526,6 +608,9 @@ class RuntimeEntry(Strict):
     rounds: Annotated[int, Field(ge=0, le=10_000)] = 0
     control: RuntimeControl | None = None
     evidence: Annotated[list[RuntimeEvidence], Field(max_length=512)] = []
+    # the gain in each confirmation round (the control's, where MLX's defaults stay): compared across
+    # MLX versions by the coordinator (service/runtime_settings.py)
+    round_gains: Annotated[list[Gain], Field(max_length=1000)] = []
     note: Annotated[str, Field(max_length=2000)] = ""
 
 
@@ -546,3 +631,6 @@ class RuntimeSettingsPushed(BaseModel):
     chip: str
     mlx_version: str
     stored: int  # entries stored (new keys and replaced ones)
+
+
+CompleteIn.model_rebuild()  # its runtime_settings is defined after it

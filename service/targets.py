@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import re
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -22,6 +23,11 @@ from kernelfleet.service.models import Backend, JobTarget
 def chip_matches(pattern: str, chip: str) -> bool:
     """Case-insensitive glob match: ``Apple M3*`` matches ``Apple M3 Max``."""
     return fnmatch.fnmatchcase(chip.casefold(), pattern.casefold())
+
+
+def exact_chip_pattern(chip: str) -> str:
+    """A glob matching exactly ``chip`` (jobs target chips by glob)."""
+    return re.sub(r"([*?\[])", r"[\1]", chip)
 
 
 def target_key(backend: Backend | None, chip: str | None) -> str:

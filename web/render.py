@@ -15,6 +15,7 @@ from fastapi.templating import Jinja2Templates
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from kernelfleet.runtime_settings_file import JOB_KERNEL as RUNTIME_SETTINGS_KERNEL
 from kernelfleet.service.db import db_now
 from kernelfleet.web.static_files import plotly_url
 
@@ -134,7 +135,8 @@ templates.env.filters.update(
     cause_lines=fmt_cause,
     figure_json=figure_json,
 )
-templates.env.globals.update(nav=NAV, url_with=url_with, age=fmt_age, plotly_url=plotly_url)
+templates.env.globals.update(nav=NAV, url_with=url_with, age=fmt_age, plotly_url=plotly_url,
+                             runtime_settings_kernel=RUNTIME_SETTINGS_KERNEL)
 
 
 def page(request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:

@@ -51,6 +51,9 @@ TuneFn = Callable[..., dict[str, Any]]
 ACKED, QUARANTINED, UNREACHABLE = "acked", "quarantined", "unreachable"
 # "confirm": a re-run the regression detector asks for on the same chip; it is tuned and reported alike
 TUNING_KINDS = ("tune", "confirm")
+# a search of MLX's runtime settings for a model (worker/runtime_settings/job.py); its result is the
+# chosen settings file, stored as this chip's runtime settings
+RUNTIME_SETTINGS = "runtime_settings"
 JobLine = Callable[[Lease, "JobOutcome"], None]
 
 
@@ -307,7 +310,7 @@ class Agent:
 
     def _tune_and_report(self, run: _JobRun) -> JobOutcome:
         lease = run.lease
-        if lease.kind not in TUNING_KINDS:
+        if lease.kind not in (*TUNING_KINDS, RUNTIME_SETTINGS):
             return self._report_failure(run, f"this worker cannot run jobs of kind {lease.kind!r}")
 
         def progress(*_args: Any, **_kwargs: Any) -> None:
@@ -318,10 +321,14 @@ class Agent:
             if self._past_grace():
                 raise _Abandon("shutdown")
 
-        tune = self._tune or _load_tune()
         try:
-            report = tune(lease.kernel, lease.shape, lease.dtype, strategy=self.config.strategy,
-                          seed=self.config.seed, budget=self.config.budget, progress=progress)
+            if lease.kind == RUNTIME_SETTINGS:
+                field_name, report = "runtime_settings", self._runtime_settings(lease, progress)
+            else:
+                tune = self._tune or _load_tune()
+                field_name, report = "report", tune(lease.kernel, lease.shape, lease.dtype,
+                                                    strategy=self.config.strategy, seed=self.config.seed,
+                                                    budget=self.config.budget, progress=progress)
         except _Abandon as a:
             return self._abandon(run, a.reason)
         except Exception as e:  # noqa: BLE001 - any tuning failure is reported to the coordinator
@@ -334,7 +341,7 @@ class Agent:
                 return self._abandon(run, "lost" if run.lost is not None else "revoked")
             run.settled = True
         try:
-            record = self.spool.put("result", lease.job_id, lease.lease_token, {"report": report})
+            record = self.spool.put("result", lease.job_id, lease.lease_token, {field_name: report})
         except ValueError as e:  # e.g. a non-finite float: the coordinator would refuse it too
             with run.lock:
                 run.settled = False
@@ -342,6 +349,21 @@ class Agent:
         status = self._deliver_now(record)
         label = {ACKED: "done", QUARANTINED: "refused"}.get(status, "spooled")
         return JobOutcome(status=label, report=report)
+
+    def _runtime_settings(self, lease: Lease, progress: Callable[[], None]) -> dict[str, Any]:
+        """A runtime_settings job: the search of its campaign's model on this machine, within this
+        worker's budget (``progress`` is called at each line of the search's log, so a lost lease or a
+        stop abandons it between stages)."""
+        from kernelfleet.worker.runtime_settings.job import run_leased
+
+        if not lease.runtime_settings:
+            raise ValueError(f"job {lease.job_id}: the lease carries no runtime_settings request")
+
+        def log(line: str) -> None:
+            logger.debug("job %s: %s", lease.job_id, line)
+            progress()
+
+        return run_leased(lease.runtime_settings, self.config.budget, log)
 
     def _deliver_now(self, record: SpoolRecord) -> str:
         status = self.deliver(record)

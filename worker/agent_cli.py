@@ -33,12 +33,19 @@ def _job_line(lease: Lease, outcome: JobOutcome) -> None:
     what = f"job {lease.job_id}  [bold]{lease.kernel}[/] {lease.shape} {lease.dtype}"
     took = f"({outcome.seconds:.1f}s)"
     if outcome.report is not None:
-        best = outcome.report.get("best_config_key", "?")
-        sp = speedup(outcome.report)
-        gain = f"{sp:.2f}x vs built-in" if sp is not None else "no built-in to compare"
         marks = {"done": "[green]done[/]", "spooled": "[yellow]spooled (coordinator unreachable)[/]",
                  "refused": "[red]refused by the coordinator (quarantined)[/]"}
         mark = marks.get(outcome.status, outcome.status)
+        if "entries" in outcome.report:  # a runtime_settings job's chosen settings, per workload
+            chosen = "; ".join(
+                f"{e['workload']} " + (" ".join(f"{k}={v}" for k, v in sorted(e["settings"].items()))
+                                       + f" {e['gain']:.2f}x" if e["settings"] else "MLX defaults")
+                for e in outcome.report["entries"])
+            console.print(f"{what}  [cyan]{chosen}[/]  {mark} {took}", soft_wrap=True)
+            return
+        best = outcome.report.get("best_config_key", "?")
+        sp = speedup(outcome.report)
+        gain = f"{sp:.2f}x vs built-in" if sp is not None else "no built-in to compare"
         console.print(f"{what}  best [cyan]{best}[/]  {gain}  {mark} {took}", soft_wrap=True)
     elif outcome.status == "failed":
         console.print(f"{what}  [red]failed[/]: {outcome.error} {took}", soft_wrap=True)
@@ -89,7 +96,8 @@ def worker(
                     ] = None,
     strategy: Annotated[str, typer.Option("--strategy", help="Search strategy for every job")] = "halving",
     budget: Annotated[float | None, typer.Option(
-        "--budget", min=0.001, help="Seconds of measurement per job [default: the strategy's]")] = None,
+        "--budget", min=0.001, help="Seconds of measurement per job [default: the strategy's; a "
+        "runtime-settings job's search: 900]")] = None,
     grace_seconds: Annotated[float, typer.Option(
         "--grace-seconds", min=0.0,
         help="On SIGTERM, finish the current job within this time, else release it")

@@ -66,6 +66,7 @@ class Lease:
     kind: str
     lease_expires_at: str
     lease_seconds: float
+    runtime_settings: dict[str, Any] | None = None  # a runtime_settings job's search request
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,8 @@ class CoordinatorClient:
                          kernel=str(body["kernel"]), shape=str(body["shape"]), dtype=str(body["dtype"]),
                          kind=str(body.get("kind", "tune")),
                          lease_expires_at=str(body["lease_expires_at"]),
-                         lease_seconds=float(body["lease_seconds"]))
+                         lease_seconds=float(body["lease_seconds"]),
+                         runtime_settings=body.get("runtime_settings"))
         except (KeyError, TypeError, ValueError) as e:
             raise NotACoordinator(f"malformed lease from the coordinator ({e}): {str(body)[:200]}") from e
 

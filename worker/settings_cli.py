@@ -82,11 +82,10 @@ def tune_command(
     import mlx.core as mx
 
     from kernelfleet import runtime_settings_file as settings_file
-    from kernelfleet.chips import gpu_backend_available
     from kernelfleet.kernels.patch.model_build import load_config, parse_dtype
     from kernelfleet.kernels.patch.model_shapes import ARCHITECTURES
-    from kernelfleet.worker.runtime_settings.knobs import knobs
-    from kernelfleet.worker.runtime_settings.search import Objective, search
+    from kernelfleet.worker.runtime_settings.job import local_knobs, run
+    from kernelfleet.worker.runtime_settings.search import Objective
     from kernelfleet.worker.runtime_settings.sides import StepError
     from kernelfleet.worker.runtime_settings.step import parse_workload
 
@@ -104,31 +103,25 @@ def tune_command(
         raise _fail(f"--model {model}: {e.strerror or e}") from e
     except (ValueError, KeyError) as e:
         raise _fail(str(e)) from e
-    backend = gpu_backend_available() or "cpu"
-    mlx_version = str(getattr(mx, "__version__", "unknown"))
-    table = knobs(backend, mlx_version)
-    if knob:
-        table = tuple(k for k in table if set(k.envs) & set(knob))
-        if not table:
-            raise _fail(f"--knob {', '.join(knob)}: none of this backend's knobs ({backend}); "
-                        "see docs/runtime_settings.md")
+    backend, mlx_version, table, why = local_knobs(knob)
+    if not table:
+        raise _fail(f"--knob {', '.join(knob)}: none of this backend's knobs ({backend}); "
+                    "see docs/runtime_settings.md" if knob else why)
     objective = Objective(config, compute_dtype, quant, tuple(workload), context, steps, reps)
-    key = settings_file.shape_key(config)
-    err_console.print(f"tuning {key} {objective.label} at {', '.join(workload)}: {len(table)} knobs on "
-                      f"{backend} (mlx {mlx_version}), budget {budget:.0f} s")
+    err_console.print(f"tuning {settings_file.shape_key(config)} {objective.label} at {', '.join(workload)}: "
+                      f"{len(table)} knobs on {backend} (mlx {mlx_version}), budget {budget:.0f} s")
     try:
-        choices, device = search(objective, table, budget_s=budget, rounds=rounds,
-                                 log=lambda line: err_console.print(line, highlight=False))
+        found = run(objective, table, budget_s=budget, rounds=rounds,
+                    log=lambda line: err_console.print(line, highlight=False))
     except StepError as e:
         raise _fail(str(e), 1) from e
-    path = out or default_path(device["device"])
+    path = out or default_path(found["chip"])
     try:
         body = settings_file.read(path) if path.exists() else {"schema": settings_file.SCHEMA, "entries": []}
     except settings_file.SettingsFileError as e:
         raise _fail(str(e)) from e
-    body.update(chip=device["device"], backend=device["backend"], arch=device["arch"],
-                mlx_version=device["mlx_version"])
-    new = [c.entry(key, objective.label) for c in choices.values()]
+    new = found.pop("entries")
+    body.update(found)
     settings_file.write(settings_file.merge(body, new), path)
     out_console.print(entries_table({**body, "entries": new}, "chosen runtime settings"))
     err_console.print(f"wrote {path}")

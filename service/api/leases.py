@@ -68,7 +68,8 @@ async def lease(call: WorkerCallDep, settings: SettingsDep, request: Request,
             metrics.LEASES_GRANTED.inc()
             return LeaseOut(job_id=got.job_id, lease_token=got.lease_token, kernel=got.kernel,
                             shape=got.shape, dtype=got.dtype, kind=got.kind.value,
-                            lease_expires_at=got.lease_expires_at, lease_seconds=settings.lease_seconds)
+                            lease_expires_at=got.lease_expires_at, lease_seconds=settings.lease_seconds,
+                            runtime_settings=got.request)
         remaining = deadline - loop.time()
         if remaining <= 0 or not await _wait(waiters, request, backend, chip, remaining):
             return Response(status_code=status.HTTP_204_NO_CONTENT,
@@ -103,21 +104,23 @@ def next_heartbeat(settings: Settings) -> float:
     return round(third * (1.0 - settings.heartbeat_jitter * random.random()), 3)
 
 
-@router.post("/jobs/{job_id}/result", status_code=status.HTTP_201_CREATED,
+@router.post("/jobs/{job_id}/result", status_code=status.HTTP_201_CREATED, response_model_exclude_none=True,
              responses={200: {"model": CompleteOut, "description": "a replay of an accepted result"},
                         **error_responses(409)},
              openapi_extra=body_schema(CompleteIn))
-async def result(job_id: RowId, call: WorkerCallDep, request: Request, response: Response) -> CompleteOut:
+async def result(job_id: RowId, call: WorkerCallDep, request: Request, response: Response,
+                 settings: SettingsDep) -> CompleteOut:
     """Store the result with the job's completion; its reactions (regression detection) and the
-    chip's profile follow in the background (service/background.py). The body (a report, up to
+    chip's profile follow in the background (service/background.py). A runtime_settings job's result
+    is the settings file it chose, stored as the worker's chip's runtime settings (a gain lost since
+    the MLX version measured before is a regression, found in the same transaction). The body (a report, up to
     the 4 MiB cap) is parsed and validated on a thread, not on the event loop, and at most
     ``KERNELFLEET_RESULT_CONCURRENCY`` results are parsed and stored at once per process, on threads
     of their own, so heartbeats and leases keep flowing beside big reports."""
     limiter: anyio.CapacityLimiter = request.app.state.result_limiter
     raw = await request.body()
     body = await anyio.to_thread.run_sync(parse_body, CompleteIn, raw, limiter=limiter)
-    done = await anyio.to_thread.run_sync(complete, call, job_id, body.lease_token, body.report,
-                                          limiter=limiter)
+    done = await anyio.to_thread.run_sync(complete, call, job_id, body, settings, limiter=limiter)
     if not done.created:
         response.status_code = status.HTTP_200_OK
     return CompleteOut.model_validate(done.response)

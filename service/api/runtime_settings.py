@@ -5,7 +5,8 @@ as a runtime-settings file, which ``kernelfleet pull`` installs beside the profi
 ``kernelfleet.apply_settings`` reads).
 
 One row per (chip, MLX version, model shape, dtype, workload): a later push of the same key
-replaces it. A GET without ``mlx_version`` answers the MLX version most recently measured."""
+replaces it (:mod:`kernelfleet.service.runtime_settings`, which a runtime_settings job's result goes
+through too). A GET without ``mlx_version`` answers the MLX version most recently measured."""
 
 from __future__ import annotations
 
@@ -14,38 +15,23 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, status
 from sqlalchemy import select
 
-from kernelfleet.service.completion import check_origin
-from kernelfleet.service.db import db_now, stored_utc, upsert_insert
-from kernelfleet.service.deps import DashboardDep, DbDep, WorkerCallDep
-from kernelfleet.service.errors import Invalid, NotFound
+from kernelfleet.service.db import stored_utc
+from kernelfleet.service.deps import DashboardDep, DbDep, SettingsDep, WorkerCallDep
+from kernelfleet.service.errors import NotFound
 from kernelfleet.service.models import RuntimeSetting
+from kernelfleet.service.runtime_settings import store_settings
 from kernelfleet.service.schemas import RUNTIME_SETTINGS_SCHEMA, RuntimeSettingsFile, RuntimeSettingsPushed
 
 router = APIRouter(tags=["runtime settings"])
-KEY = ("chip", "mlx_version", "model", "dtype", "workload")
 
 
 @router.post("/runtime-settings", status_code=status.HTTP_201_CREATED)
-def push(body: RuntimeSettingsFile, call: WorkerCallDep) -> RuntimeSettingsPushed:
-    """Store a worker's chosen runtime settings for its own chip (newest per key wins)."""
+def push(body: RuntimeSettingsFile, call: WorkerCallDep, settings: SettingsDep) -> RuntimeSettingsPushed:
+    """Store a worker's chosen runtime settings for its own chip (newest per key wins); a gain an MLX
+    upgrade lost is raised as a regression (service/runtime_settings.py)."""
     with call.transaction() as (session, worker):
-        check_origin(worker, body.chip, body.backend, what="these settings are for chip",
-                     acts="pushes settings")
-        keys = [(e.model, e.dtype, e.workload) for e in body.entries]
-        if len(set(keys)) != len(keys):
-            raise Invalid("the file has two entries for one (model, dtype, workload)")
-        insert = upsert_insert(session)
-        for e in body.entries:
-            row = {"chip": body.chip, "backend": body.backend, "arch": body.arch,
-                   "mlx_version": body.mlx_version, "model": e.model, "dtype": e.dtype,
-                   "workload": e.workload, "entry": e.model_dump(mode="json"), "worker_id": worker.id}
-            stmt = insert(RuntimeSetting.__table__).values(**row)
-            session.execute(stmt.on_conflict_do_update(
-                index_elements=list(KEY),
-                set_={"backend": stmt.excluded.backend, "arch": stmt.excluded.arch,
-                      "entry": stmt.excluded.entry, "worker_id": stmt.excluded.worker_id,
-                      "measured_at": db_now()}))
-    return RuntimeSettingsPushed(chip=body.chip, mlx_version=body.mlx_version, stored=len(body.entries))
+        stored = store_settings(session, worker, body, settings.regression_min_effect)
+    return RuntimeSettingsPushed(chip=body.chip, mlx_version=body.mlx_version, stored=stored)
 
 
 @router.get("/runtime-settings/{chip}")

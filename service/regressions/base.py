@@ -109,6 +109,12 @@ class OnlineDetector(Protocol):
         ...
 
 
+    def shift_at(self, runs: Sequence[RunPoint], tau: int, min_effect: float) -> Finding | None:
+        """A finding when ``runs[tau:]`` are slower than ``runs[:tau]`` beyond the noise and
+        ``min_effect``, the change known to lie at ``tau`` (e.g. an MLX upgrade between two groups
+        of paired rounds: :mod:`kernelfleet.service.runtime_settings`)."""
+        ...
+
     def settled(self, joint: Finding, runs: int) -> bool:
         """Whether ``joint`` (from :meth:`confirms`), resting on ``runs`` slower runs counting the
         re-run, is enough to alert; else the coordinator asks for one more re-run."""

@@ -29,7 +29,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 
 from sqlalchemy import ColumnElement, and_, func, select, text, update
@@ -53,7 +52,7 @@ from kernelfleet.service.regressions.attribution import attribute, group_key
 from kernelfleet.service.regressions.locate import locate
 from kernelfleet.service.regressions.series import SeriesKey, history, load_runs, reset_point, to_run
 from kernelfleet.service.settings import Settings
-from kernelfleet.service.targets import target_id
+from kernelfleet.service.targets import exact_chip_pattern, target_id
 
 logger = logging.getLogger(__name__)
 
@@ -65,11 +64,6 @@ CONFIRM_RUNS = 60  # runs loaded to settle a confirmation (the suspect's baselin
 RERUN = "re-run"  # its confirmation job, run by a worker of its chip, reproduced it
 STORED_RUNS = "stored runs"  # no worker of its chip re-ran it in time: the runs stored after it did
 UNCONFIRMED = "unconfirmed: no worker of this chip"  # nothing confirmed it within the wait: raised anyway
-
-
-def exact_chip_pattern(chip: str) -> str:
-    """A glob matching exactly ``chip`` (jobs target chips by glob)."""
-    return re.sub(r"([*?\[])", r"[\1]", chip)
 
 
 def _run_of(session: Session, result_id: int) -> tuple[Result, base.RunPoint] | None:

@@ -102,6 +102,14 @@ class StepDetector:
             return None
         return self._finding(best, skip)
 
+    def shift_at(self, runs: Sequence[RunPoint], tau: int, min_effect: float) -> Finding | None:
+        """The test :meth:`check` makes of one split, at ``tau``, with its gates: ``min_history``
+        runs before it, the every-run floor, ``alpha``."""
+        if not self.min_history <= tau < len(runs):
+            return None
+        best = self._shift(runs, np.array([p.log_median for p in runs], dtype=float), tau, min_effect)
+        return None if best is None or best.p_value >= self.alpha else self._finding(best, 0)
+
     def settled(self, joint: Finding, runs: int) -> bool:
         """Whether a joint finding on ``runs`` runs (index of the first slower run to the newest,
         the re-run included) is enough to alert: at least ``settle_runs`` slower runs, or an effect

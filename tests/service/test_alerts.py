@@ -205,3 +205,19 @@ def test_revision_reaches_the_cause(coordinator: Coordinator) -> None:
     [reg] = regressions(coordinator)
     assert reg["cause"] == {"revision": ["aaa111", "bbb222"]}
     assert "revision: aaa111 -> bbb222" in reg["cause_text"]
+
+
+def test_a_runtime_settings_alert_says_the_gain() -> None:
+    """A runtime-settings regression's medians are the step's time relative to MLX's defaults: its
+    alert says the settings' gain before and after, and the MLX versions, not microseconds."""
+    from kernelfleet.service.notifications import alert_text
+
+    reg = Regression(kernel="runtime_settings", shape="llama h4096 x8 decode:8", dtype="bf16",
+                     chip="NVIDIA H100 80GB HBM3",
+                     config_key="MLX_MAX_MB_PER_BUFFER=500 MLX_MAX_OPS_PER_BUFFER=50",
+                     baseline_median_us=1 / 1.2, new_median_us=1.0, effect=0.2,
+                     cause={"mlx_version": ["0.31.0", "0.32.0"]})
+    assert alert_text(reg, "http://kf/regressions/1") == (
+        "KernelFleet: MLX's runtime settings for llama h4096 x8 decode:8 bf16 on NVIDIA H100 80GB HBM3 "
+        "(MLX_MAX_MB_PER_BUFFER=500 MLX_MAX_OPS_PER_BUFFER=50) gain 1.00x over MLX's defaults, down from "
+        "1.20x. Cause: mlx_version: 0.31.0 -> 0.32.0. http://kf/regressions/1")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +18,7 @@ from kernelfleet.service.db import make_engine
 from kernelfleet.service.models import Campaign, EnrollmentToken, Job, Result, Trial, Worker
 
 CAP = 256 * 1024
+LLAMA = json.loads((Path(__file__).resolve().parents[1] / "data" / "models" / "llama-3-8b.json").read_text())
 JSON = {"content-type": "application/json"}
 
 
@@ -133,6 +135,27 @@ def test_bad_inputs_get_clear_4xx_and_change_nothing(coordinator_factory: Any) -
              json_body=dict(c_ok, kernels=["rope"], shapes=["32x4096"])),
         Case("zero max_attempts", "POST", "/campaigns", 422, "max_attempts", "admin",
              json_body=dict(c_ok, max_attempts=0)),
+        # a campaign's runtime settings: the same refusals as `campaign create --from-model
+        # --runtime-settings`; a runtime-settings result for a kernel job
+        Case("runtime settings of an unmapped model", "POST", "/campaigns", 422,
+             "runtime_settings.config: architecture 'gpt2' is not mapped", "admin",
+             json_body={"name": "n", "runtime_settings": {"config": {"model_type": "gpt2", "n_embd": 768}}}),
+        Case("runtime settings in two rounds", "POST", "/campaigns", 422, "runtime_settings.rounds", "admin",
+             json_body={"name": "n", "runtime_settings": {"config": LLAMA, "rounds": 2}}),
+        Case("runtime settings at an unknown workload", "POST", "/campaigns", 422,
+             "runtime_settings.workloads.0", "admin",
+             json_body={"name": "n", "runtime_settings": {"config": LLAMA, "workloads": ["train:1"]}}),
+        Case("kernel dtypes without kernels", "POST", "/campaigns", 422, "give kernels too", "admin",
+             json_body={"name": "n", "dtypes": ["float16"], "runtime_settings": {"config": LLAMA}}),
+        Case("runtime settings as a kernel job's result", "POST", result_path, 422,
+             "its result is a report, not runtime_settings", "worker",
+             json_body={"lease_token": held["lease_token"], "runtime_settings": {
+                 "schema": "kernelfleet-runtime-settings/1", "chip": "NVIDIA H100 80GB HBM3",
+                 "backend": "cuda", "mlx_version": "0.32.4", "entries": [
+                     {"model": "llama h4096 x32", "dtype": "bf16", "workload": "decode:1",
+                      "settings": {}}]}}),
+        Case("a result that is neither", "POST", result_path, 422, "give a report", "worker",
+             json_body={"lease_token": held["lease_token"]}),
         Case("missing admin token", "GET", "/campaigns", 401, "missing admin token"),
         Case("missing worker token", "POST", "/leases", 401, "missing worker token", json_body={}),
         Case("invalid token", "GET", "/workers", 401, "invalid admin token", "kfa_not-a-real-token"),

@@ -5,7 +5,9 @@ campaigns (its request model uses the same checks). In-process: no coordinator i
 
 from __future__ import annotations
 
+import json
 import socket
+from pathlib import Path
 
 import pytest
 from inproc import run_cli
@@ -66,3 +68,50 @@ def test_the_coordinator_refuses_the_same_campaigns() -> None:
     with pytest.raises(ValidationError, match="did you mean 'rmsnorm'"):
         CampaignIn.model_validate({"name": "c", "kernels": ["rmsnrom"], "shapes": ["32x4096"],
                                    "dtypes": ["float16"]})
+
+
+LLAMA = str(Path(__file__).resolve().parents[1] / "data" / "models" / "llama-3-8b.json")
+RUNTIME_CASES = [
+    (("--kernel", "rmsnorm", "--shape", "8x64", "--dtype", "float16", "--runtime-settings", "--dry-run"),
+     "--runtime-settings goes with --from-model"),
+    (("--from-model", LLAMA, "--runtime-dtype", "4bit", "--dry-run"),
+     "--runtime-dtype, --runtime-workload and --runtime-layers go with --runtime-settings"),
+    (("--from-model", LLAMA, "--runtime-settings", "--runtime-dtype", "3bit", "--dry-run"),
+     "--runtime-dtype '3bit': Input should be 'bf16', '4bit' or '8bit'"),
+    (("--from-model", LLAMA, "--runtime-settings-only", "--runtime-workload", "train:1"),
+     "--runtime-workload 'train:1': String should match pattern"),
+    (("--from-model", LLAMA, "--runtime-settings-only", "--dtype", "float16"),
+     "--runtime-settings-only queues no kernel jobs"),
+]
+
+
+@pytest.mark.parametrize(("args", "said"), RUNTIME_CASES,
+                         ids=[c[1].split(":")[0][:40] for c in RUNTIME_CASES])
+def test_bad_runtime_settings_options_fail_before_anything_is_sent(args: tuple[str, ...], said: str) -> None:
+    code, out, err = create(*args)
+    assert code == 1, (out, err)
+    assert said in err, err
+    assert "runtime settings:" not in out and "plan:" not in out and "Traceback" not in err
+    assert "cannot reach" not in err
+
+
+def test_runtime_settings_dry_runs_print_their_jobs(tmp_path: Path) -> None:
+    code, out, err = create("--from-model", LLAMA, "--runtime-settings-only", "--runtime-layers", "8",
+                            "--dry-run")
+    assert code == 0, (out, err)
+    said = ("runtime settings: llama h4096 x8 x bf16 at prefill:2048, decode:1, decode:8: one job per "
+            "dtype and enrolled chip")
+    assert said in out and "dry run: nothing queued" in out, out
+    assert "plan:" not in out  # no kernel jobs
+    # a 4-bit model's own weights by default, beside its kernel jobs
+    config = json.loads(Path(LLAMA).read_text())
+    config["quantization"] = {"group_size": 64, "bits": 4}
+    quantized = tmp_path / "config.json"
+    quantized.write_text(json.dumps(config))
+    code, out, err = create("--from-model", str(quantized), "--runtime-settings", "--runtime-dtype", "4bit",
+                            "--runtime-dtype", "bf16", "--runtime-workload", "decode:1", "--dry-run")
+    assert code == 0, (out, err)
+    assert "runtime settings: llama h4096 x32 x 4bit, bf16 at decode:1: one job per dtype" in out
+    assert "plan:" in out
+    code, out, err = create("--from-model", str(quantized), "--runtime-settings-only", "--dry-run")
+    assert code == 0 and "x 4bit at" in out, (out, err)

@@ -233,3 +233,22 @@ def test_locate_replaces_an_alert_at_the_most_likely_run_pair() -> None:
     assert locate(upgraded, [5]) == [6]
     # two alerts: each stays between its neighbours
     assert locate(series([100.0] * 5 + [120.0] * 5 + [150.0] * 5, seed=4), [4, 11]) == [5, 10]
+
+
+def test_shift_at_a_known_change_needs_the_loss_beyond_the_rounds_noise() -> None:
+    """Runtime settings' rounds across an MLX upgrade (service/runtime_settings.py): each round's time
+    relative to MLX's defaults (1 / its gain), the change known to lie at the upgrade. A gain of 1.2x
+    lost in steady rounds is found there; the same drop in rounds as noisy as a decode's on a busy
+    host (stock against stock moves 10 %) is not, nor a gain that held."""
+    def rounds(gains: list[float], version: str) -> list[RunPoint]:
+        return [RunPoint(median_us=1 / g, attrs={"mlx_version": version}) for g in gains]
+
+    step = base.online()
+    steady = rounds([1.2, 1.18, 1.22, 1.19, 1.21], "0.31.0")
+    lost = step.shift_at(steady + rounds([1.0, 0.99, 1.01, 1.0, 1.02], "0.32.0"), 5, MIN_EFFECT)
+    assert lost is not None and lost.index == 5 and 0.17 < lost.effect < 0.23 and lost.p_value < 1e-3
+    held = step.shift_at(steady + rounds([1.19, 1.21, 1.2, 1.18, 1.22], "0.32.0"), 5, MIN_EFFECT)
+    assert held is None
+    noisy = rounds([1.35, 1.05, 1.3, 1.02, 1.25], "0.31.0") + rounds([1.2, 0.95, 1.28, 1.0, 1.1], "0.32.0")
+    assert step.shift_at(noisy, 5, MIN_EFFECT) is None
+    assert step.shift_at(steady, 1, MIN_EFFECT) is None  # one round before the change: no baseline

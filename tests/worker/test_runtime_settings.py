@@ -173,3 +173,27 @@ def test_a_side_matches_when_each_of_its_logits_is_one_of_stocks_own() -> None:
     assert compare(rounds, "same", w).bit_identical
     assert not compare(rounds, "other", w).bit_identical
     assert not compare(rounds, "mixed", w).bit_identical
+
+
+def test_an_mlx_without_the_knobs_keeps_its_defaults_and_says_why() -> None:
+    """A runtime-settings job on a worker whose MLX reads none of the knobs asked for (here: MLX's CPU
+    backend and the command-buffer size, which only Metal and CUDA read) starts no process and
+    answers MLX's defaults for every workload with the reason, for this machine's chip: the job is
+    done, not failed (any worker of this chip and MLX would find the same)."""
+    from kernelfleet.chips import detect_chip
+    from kernelfleet.worker.runtime_settings.job import local_knobs, objective, run
+
+    backend, version, table, why = local_knobs(["MLX_MAX_OPS_PER_BUFFER"])
+    assert backend == "cpu" and table == ()
+    assert why == (f"MLX {version} on cpu reads none of the runtime knobs MLX_MAX_OPS_PER_BUFFER "
+                   "(docs/runtime_settings.md)")
+    goal = objective({"config": TINY, "quantization": "4bit", "compute_dtype": "float32",
+                      "workloads": ["prefill:64", "decode:1"]})
+    lines: list[str] = []
+    body = run(goal, table, budget_s=60, rounds=3, log=lines.append, why_none=why)
+    chip = detect_chip()
+    assert (body["chip"], body["backend"], body["mlx_version"]) == (chip.name, "cpu", chip.mlx_version)
+    got = [(e["model"], e["dtype"], e["workload"], e["settings"], e["gain"], e["note"])
+           for e in body["entries"]]
+    assert got == [("llama h64 x2", "4bit float32", w, {}, 1.0, why) for w in ("prefill:64", "decode:1")]
+    assert lines == [] and all(e["evidence"] == [] and e["round_gains"] == [] for e in body["entries"])

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernelfleet.runtime_settings_file import dtype_label
+
 from .knobs import Knob, Setting, midpoints
 from .knobs import defaults as knob_defaults
 from .sides import CONTROL, STOCK, Comparison, Rounds, compare, key, measure_rounds, stock_logits
@@ -47,12 +49,8 @@ class Objective:
 
     @property
     def label(self) -> str:
-        """The model's dtype as entries name it: bf16, 4bit, 8bit (and the activations' dtype where it
-        is not bfloat16, e.g. ``float32`` or ``4bit float32``)."""
-        own = "" if self.dtype == "bfloat16" else self.dtype
-        if self.quant is None:
-            return own or "bf16"
-        return f"{self.quant[0]}bit {own}".strip()
+        """The model's dtype as entries name it (:func:`kernelfleet.runtime_settings_file.dtype_label`)."""
+        return dtype_label("bf16" if self.quant is None else f"{self.quant[0]}bit", self.dtype)
 
     def request(self) -> dict[str, Any]:
         return {"config": self.config, "dtype": self.dtype, "quant": self.quant,
@@ -72,13 +70,17 @@ class Choice:
     note: str = ""
 
     def entry(self, model: str, dtype: str) -> dict[str, Any]:
-        """This outcome as a runtime-settings file entry (:mod:`kernelfleet.runtime_settings_file`)."""
+        """This outcome as a runtime-settings file entry (:mod:`kernelfleet.runtime_settings_file`).
+        ``round_gains``: the chosen settings' gain in each confirmation round; with MLX's defaults
+        kept, the control's (stock against stock: what the defaults give, with the pairing's noise).
+        The coordinator compares them across MLX versions (a gain lost is a regression)."""
         c, ctl = self.confirmed, self.control
+        rounds = c.round_gains if c and self.setting else ctl.round_gains if ctl else ()
         return {"model": model, "dtype": dtype, "workload": self.workload, "settings": self.setting,
                 "gain": c.ratio if c and self.setting else 1.0,
                 "interval": [c.low, c.high] if c and self.setting else None,
                 "verdict": c.verdict if c else None, "bit_identical": c.bit_identical if c else None,
-                "rounds": c.rounds if c else 0,
+                "rounds": c.rounds if c else 0, "round_gains": list(rounds),
                 "control": {"gain": ctl.ratio, "interval": [ctl.low, ctl.high]} if ctl else None,
                 "evidence": self.evidence, "note": self.note}
 

@@ -112,6 +112,7 @@ class Comparison:
     high: float
     rounds: int
     bit_identical: bool
+    round_gains: tuple[float, ...] = ()  # each round's own pair: stock seconds / side seconds
 
     @property
     def verdict(self) -> str:
@@ -137,4 +138,5 @@ def compare(rounds: Rounds, side: str, workload: str) -> Comparison:
     n = min(len(stock), len(other))
     mid, lo, hi = paired_speedup(stock[:n], other[:n])
     same = rounds.logits[side][workload] <= stock_logits(rounds, workload)
-    return Comparison(rounds.settings[side], workload, mid, lo, hi, n, same)
+    return Comparison(rounds.settings[side], workload, mid, lo, hi, n, same,
+                      tuple(a / b for a, b in zip(stock[:n], other[:n], strict=True)))
