@@ -5,7 +5,7 @@ features, ``bits`` 4 or 8, ``group`` 32, 64 or 128 (:mod:`kernelfleet.kernels.ca
 ``(M, K)``, ``w_q`` uint32 ``(N, K * bits / 32)``, ``scales`` and ``biases`` ``(N, K / group)``; output
 ``x @ w.T`` ``(M, N)`` in ``x``'s dtype. Built-in: ``mx.quantized_matmul(..., transpose=True)``.
 
-Two paths, a config axis (``path``), so the profile picks per exact shape, M included:
+Three paths, a config axis (``path``), so the profile picks per exact shape, M included:
 
 - ``qmv`` (M <= 8: decode, speculative and small batches): each warp / SIMD group computes ``rpw`` output
   features for all M rows. A lane takes ``vw`` packed words (16 bytes at ``vw`` 4) per step, the lanes of a
@@ -24,6 +24,7 @@ Two paths, a config axis (``path``), so the profile picks per exact shape, M inc
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import mlx.core as mx
@@ -186,6 +187,34 @@ def default(shape: Shape, dtype: str) -> Config:
     return dict(BUILTIN)
 
 
+# the paths expected fastest first, by M (H200 runs, benchmarks/results/h200_quantized_mma.txt): qmv at one
+# token; the tensor cores from 2 to 32 (where they are offered: CUDA, 16-bit activations), else qmv to 8;
+# dequantize + GEMM above
+def _path_order(m: int) -> tuple[str, ...]:
+    if m == 1:
+        return ("qmv", "mma", "dq")
+    if m <= quantized_mma.MAX_M:
+        return ("mma", "qmv", "dq")
+    return ("dq",)
+
+
+# each path's typical winner: the prior's other axis is the distance from it
+TYPICAL: dict[str, Config] = {"qmv": {"rpw": 4, "vw": 4, "tg": 128, "unr": 1},
+                              "mma": {"rpw": 32, "vw": 4, "tg": 128, "unr": 1},
+                              "dq": {"rpw": 1, "vw": 1, "tg": 256, "unr": 1}}
+
+
+def prior(shape: Shape, dtype: str, config: Config) -> float:
+    """A config's expected cost rank (lower first, for the ``model`` search and capped candidate lists):
+    its path's place in :func:`_path_order` by tens, then its distance (log2 per axis) from the path's
+    typical winner."""
+    order = _path_order(shape[0])
+    path = str(config.get("path"))
+    rank = order.index(path) if path in order else len(order)
+    typical = TYPICAL.get(path, {})
+    return 10.0 * rank + sum(abs(math.log2(int(config[k]) / v)) for k, v in typical.items() if k in config)
+
+
 def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str) -> KernelFn:
     m, k, n, bits, group = shape
     if config["path"] == "dq":
@@ -279,6 +308,7 @@ SPEC = KernelSpec(
     test_shapes=[(1, 256, 16, 4, 64), (3, 128, 8, 8, 32), (1, 640, 8, 4, 128), (12, 128, 8, 4, 32),
                  (13, 128, 48, 4, 32), (24, 128, 32, 8, 64)],
     default=default,
+    prior=prior,
     config_backends=config_backends,
     # x, the output, and the dq path's dense weights
     largest_tensor=lambda shape: max(shape[0] * shape[1], shape[0] * shape[2], shape[1] * shape[2]),

@@ -66,5 +66,12 @@ def test_quantized_matmuls_tensor_core_path_is_offered_to_cuda_only() -> None:
     assert not [c for c in spec.space((33, 4096, 14336, 4, 64), "bfloat16") if c["path"] == "mma"]
     with pytest.raises(KernelBuildError, match="CUDA"):
         spec.build(mma[0], "metal", shape, "bfloat16")
+    # the model search measures the expected fastest first: the tensor cores from M=2 where offered
+    from kernelfleet.worker.search.model import prior_order
+
+    assert prior_order(spec, shape, "bfloat16", [BUILTIN, *cuda])[1]["path"] == "mma"
+    assert prior_order(spec, shape, "bfloat16", [BUILTIN, *metal])[1]["path"] == "qmv"
+    one = (1, *shape[1:])
+    assert prior_order(spec, one, "bfloat16", spec.space_for(one, "bfloat16", "cuda"))[0]["path"] == "qmv"
     plain = get_spec("rmsnorm")
     assert plain.space_for((32, 4096), "float16", "metal") == plain.space((32, 4096), "float16")
