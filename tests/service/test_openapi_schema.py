@@ -19,7 +19,7 @@ def test_openapi_declares_string_details_error_statuses_and_bearer_auth(coordina
         "description": "the admin token, an API token (scope admin, read or enroll) or a worker's token"}
     ops = {(method.upper(), path): op
            for path, item in schema["paths"].items() for method, op in item.items()}
-    assert len(ops) == 36
+    assert len(ops) == 42
     results = ops[("GET", "/api/v1/results")]["responses"]["200"]["content"]
     assert {"application/json", "text/csv"} <= set(results)
     assert "409" in ops[("POST", "/api/v1/campaigns/{campaign_id}/retry")]["responses"]
