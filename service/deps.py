@@ -1,6 +1,7 @@
 """Typed FastAPI dependencies: ``DbDep``, ``SettingsDep``, ``WorkerCallDep``, ``AdminDep`` (an admin
 token), ``EnrollDep`` (an admin or enroll token) and ``DashboardDep`` (public when
-``settings.dashboard_public``, else an admin or read token).
+``settings.dashboard_public``, else an admin or read token); ``ActorDep`` is ``AdminDep`` that also
+says who the token is (``admin``, or ``token ID (NAME)``), for changes kept with their author.
 
 No dependency holds a database session across the request. FastAPI runs each sync dependency, the
 sync route body and the route's response validation on separate threadpool threads; a session
