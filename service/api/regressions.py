@@ -273,7 +273,7 @@ def thresholds(_: DashboardDep, db: DbDep) -> list[ThresholdOut]:
         return [ThresholdOut.model_validate(t) for t in triage.list_thresholds(session)]
 
 
-@router.put("/regressions/thresholds")
+@router.put("/regressions/thresholds", responses=error_responses(404))
 def set_threshold(body: ThresholdIn, actor: ActorDep, db: DbDep) -> ThresholdOut:
     """Set (or replace) one series' minimum effect: the detectors use it instead of
     ``KERNELFLEET_REGRESSION_MIN_EFFECT`` for that chip, kernel, shape and dtype, from the next run
