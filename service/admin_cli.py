@@ -341,10 +341,11 @@ def regressions_acknowledge(
     body: dict[str, Any] = {"whole_group": group} | ({"note": note} if note is not None else {})
     got = _call(coordinator, admin_token, "POST", f"/regressions/{regression_id}/acknowledge", json=body)
     ids = ", ".join(str(i) for i in got["acknowledged"]) or "none"
-    cancelled = got.get("cancelled_jobs", [])
-    out.print(f"acknowledged: {ids}" + (f"; confirmation job(s) cancelled: "
-                                         f"{', '.join(str(j) for j in cancelled)}" if cancelled else ""),
-              highlight=False)
+    out.print(f"acknowledged: {ids}" + _cancelled(got.get("cancelled_jobs", [])), highlight=False)
+
+
+def _cancelled(jobs: list[int]) -> str:
+    return f"; confirmation job(s) cancelled: {', '.join(str(j) for j in jobs)}" if jobs else ""
 
 
 @regressions_app.command("mark")
@@ -357,6 +358,8 @@ def regressions_mark(
         "--fixed-by-run", help="With fixed: a later run (result id) of the series showing the fix")] = None,
     fixed_by_regression: Annotated[int | None, typer.Option(
         "--fixed-by-regression", help="With fixed: a later alert of the same series that undid it")] = None,
+    group: Annotated[bool, typer.Option("--group", help="Also every other regression with the same cause "
+                                        "whose status can move there (not with fixed)")] = False,
     coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None,
 ) -> None:
     """Triage a regression: mark it invalid, ignored or fixed, or open again.
@@ -364,12 +367,15 @@ def regressions_mark(
     Marking one still being confirmed cancels its confirmation job; who did it and when is kept with it
     and in its history."""
     body: dict[str, Any] = {"status": status, "note": note, "fixed_by_result_id": fixed_by_run,
-                            "fixed_by_regression_id": fixed_by_regression}
+                            "fixed_by_regression_id": fixed_by_regression, "whole_group": group or None}
     got = _call(coordinator, admin_token, "POST", f"/regressions/{regression_id}/triage",
                 json={k: v for k, v in body.items() if v is not None},
                 words={r"\bfixed_by_result_id\b": "--fixed-by-run",
-                       r"\bfixed_by_regression_id\b": "--fixed-by-regression"})
-    out.print(f"regression {got['id']}: {got['status']} (by {got['status_changed_by']})", highlight=False)
+                       r"\bfixed_by_regression_id\b": "--fixed-by-regression", r"\bwhole_group\b": "--group"})
+    ids, cancelled = ", ".join(str(i) for i in got["changed"]), got["cancelled_jobs"]
+    noun = "regression" if len(got["changed"]) == 1 else "regressions"
+    out.print(f"{noun} {ids}: {got['status']} (by {got['status_changed_by']})" + _cancelled(cancelled),
+              highlight=False)
 
 
 def _regroup(coordinator: str, admin_token: str | None, regression_id: int, into: int | None,

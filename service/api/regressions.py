@@ -93,6 +93,14 @@ class TriageIn(Strict):
     note: Note = None
     fixed_by_regression_id: LinkId = Field(None, description="a later alert of the same series that undid it")
     fixed_by_result_id: LinkId = Field(None, description="a later run of the same series that shows the fix")
+    whole_group: bool = Field(False, description="also every other regression of its group whose status "
+                                                 "can move there (not with fixed)")
+
+
+class TriageOut(RegressionOut):
+    changed: list[int] = Field(description="the regressions marked: this one (with whole_group, its group's)")
+    cancelled_jobs: list[int] = Field(default_factory=list,
+                                      description="their queued confirmation jobs, now cancelled")
 
 
 class GroupIn(Strict):
@@ -246,15 +254,15 @@ def acknowledge(
 
 
 @router.post("/regressions/{regression_id}/triage", responses=error_responses(409))
-def mark(regression_id: RowId, body: TriageIn, actor: ActorDep, db: DbDep) -> RegressionOut:
-    """Mark an alert invalid, ignored or fixed (or open again), with a note; 409 when its status cannot
-    move there (dismissed, already so, or reopening one still confirming). Marking one still being
-    confirmed cancels its queued confirmation job."""
+def mark(regression_id: RowId, body: TriageIn, actor: ActorDep, db: DbDep) -> TriageOut:
+    """Mark an alert invalid, ignored or fixed (or open again), with a note; with ``whole_group``, its
+    group's too. 409 when its status cannot move there (dismissed, already so, or reopening one still
+    confirming). Marking one still being confirmed cancels its queued confirmation job."""
     with db() as session:
-        triage.mark(session, regression_id, RegressionStatus(body.status), actor, body.note,
-                    body.fixed_by_regression_id, body.fixed_by_result_id)
-        cancel_confirmations(session, [regression_id])
-        return _one(session, regression_id)
+        ids = triage.mark(session, regression_id, RegressionStatus(body.status), actor, body.note,
+                          body.fixed_by_regression_id, body.fixed_by_result_id, body.whole_group)
+        cancelled = cancel_confirmations(session, ids)
+        return TriageOut(**_one(session, regression_id).model_dump(), changed=ids, cancelled_jobs=cancelled)
 
 
 @router.post("/regressions/{regression_id}/group", responses=error_responses(409))

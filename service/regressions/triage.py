@@ -91,11 +91,15 @@ def acknowledge(session: Session, regression_id: int, note: str | None, whole_gr
 
 
 def mark(session: Session, regression_id: int, status: RegressionStatus, actor: str, note: str | None,
-         fixed_by_regression_id: int | None = None, fixed_by_result_id: int | None = None) -> None:
-    """Mark a regression ``invalid``, ``ignored`` or ``fixed`` (with what fixed it), or ``open`` again.
-    404 for an unknown regression or link; 422 for a link that cannot have fixed it; 409 when its
-    status cannot move there."""
+         fixed_by_regression_id: int | None = None, fixed_by_result_id: int | None = None,
+         whole_group: bool = False) -> list[int]:
+    """Mark a regression ``invalid``, ``ignored`` or ``fixed`` (with what fixed it), or ``open`` again;
+    with ``whole_group`` also every other regression of its group whose status can move there (not
+    ``fixed``: a fix belongs to one series). 404 for an unknown regression or link; 422 for a link
+    that cannot have fixed it; 409 when its status cannot move there. Returns the ids changed."""
     fixing = fixed_by_regression_id is not None or fixed_by_result_id is not None
+    if whole_group and status == S.fixed:
+        raise Invalid("whole_group does not go with fixed: mark each regression fixed by its own series' run")
     if status not in MARKABLE:
         raise Invalid(f"status must be one of {', '.join(s.value for s in MARKABLE)}; acknowledge with "
                       f"POST /api/v1/regressions/{{id}}/acknowledge")
@@ -114,8 +118,14 @@ def mark(session: Session, regression_id: int, status: RegressionStatus, actor: 
                    S.confirming: "it is still being confirmed: acknowledge it or mark it instead"}
             raise Conflict(f"regression {regression_id} is {regression.status.value} and cannot be marked "
                            f"{status.value}: " + why.get(regression.status, "it is not triaged"))
-        _set_status(session, [regression], status, actor, note, fixed_by_regression_id=fixed_by_regression_id,
+        rows = [regression]
+        if whole_group:
+            rows += session.scalars(select(Regression).where(
+                Regression.group_key == regression.group_key, Regression.id != regression_id,
+                Regression.status.in_([s for s in MARKABLE[status] if s != status])).with_for_update())
+        _set_status(session, rows, status, actor, note, fixed_by_regression_id=fixed_by_regression_id,
                     fixed_by_result_id=fixed_by_result_id)
+    return sorted(r.id for r in rows)
 
 
 def _check_fix(session: Session, regression: Regression, by_regression: int | None,

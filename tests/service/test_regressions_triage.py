@@ -8,6 +8,7 @@ re-placement of the alert."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -106,6 +107,7 @@ def test_triage_grouping_thresholds_history_dashboard_and_cli(coordinator_factor
         _error(_mark(alice, 999999, "ignored"), 404, "no regression 999999")
         _error(_mark(alice, a["id"], "dismissed"), 422, "status")
         _error(_mark(alice, a["id"], "fixed"), 422, "fixed needs fixed_by_regression_id or")
+        _error(_mark(alice, a["id"], "fixed", fixed_by_result_id=1, whole_group=True), 422, "whole_group")
         _error(_mark(alice, a["id"], "ignored", fixed_by_result_id=1), 422, "go with status fixed only")
         _error(_mark(alice, a["id"], "fixed", fixed_by_result_id=9999), 404, "no run 9999")
         _error(_mark(alice, a["id"], "fixed", fixed_by_regression_id=999999), 404, "no regression 999999")
@@ -117,6 +119,7 @@ def test_triage_grouping_thresholds_history_dashboard_and_cli(coordinator_factor
         [back] = _import(admin, [make_report(A, 100.0, rng=rng, mlx="0.32.5")])
         r = _mark(alice, a["id"], "fixed", fixed_by_result_id=back, note="MLX 0.32.5")
         assert r.status_code == 200 and r.json()["fixed_by_result_id"] == back, r.text
+        assert r.json()["changed"] == [a["id"]] and r.json()["cancelled_jobs"] == []
 
         # B: ignored (expected), open again, then acknowledged by the admin token
         assert _mark(admin, b["id"], "ignored").json()["status"] == "ignored"
@@ -178,12 +181,16 @@ def test_triage_grouping_thresholds_history_dashboard_and_cli(coordinator_factor
     cli = ("--coordinator", coordinator.url, "--admin-token", coordinator.admin_token)
     done = run_cli("admin", "regressions", "mark", str(b["id"]), "fixed", "--fixed-by-run", str(back), *cli)
     assert done.exit_code == 1 and "not a later run of the same series" in done.output  # A's run, not B's
-    done = run_cli("admin", "regressions", "mark", str(b["id"]), "invalid", "--note", "after all", *cli)
-    assert done.exit_code == 0 and f"regression {b['id']}: invalid" in done.output, done.output
+    # the whole group (A joined B's above): A fixed and B acknowledged, both ignored now
+    done = run_cli("admin", "regressions", "mark", str(b["id"]), "ignored", "--group", "--note", "x", *cli)
+    both = ", ".join(str(i) for i in sorted((a["id"], b["id"])))
+    assert done.exit_code == 0 and f"regressions {both}: ignored (by admin)" in done.output, done.output
+    with coordinator.client() as anon:
+        assert anon.get(f"/regressions/{a['id']}").json()["status"] == "ignored"
     done = run_cli("admin", "regressions", "ungroup", str(b["id"]), *cli)
     assert done.exit_code == 0 and f"manual={b['id']}" in done.output, done.output
     done = run_cli("admin", "regressions", "history", str(b["id"]), "--json", *cli)
-    assert [e["new"] for e in __import__("json").loads(done.output)][-2:] == ["invalid", f"manual={b['id']}"]
+    assert [e["new"] for e in json.loads(done.output)][-2:] == ["ignored", f"manual={b['id']}"]
     done = run_cli("admin", "regressions", "threshold", "set", "--chip", CHIP, "--kernel", "rmsnorm",
                    "--shape", C, "--dtype", "float16", "--min-effect", "0.08", *cli)
     assert done.exit_code == 0 and "8.0 %" in done.output, done.output
