@@ -29,7 +29,11 @@ jobs_app = typer.Typer(help="List jobs and their states.", no_args_is_help=True)
 admin_app.add_typer(workers_app, name="workers")
 admin_app.add_typer(campaign_app, name="campaign")
 admin_app.add_typer(jobs_app, name="jobs")
-regressions_app = typer.Typer(help="List and acknowledge regressions.", no_args_is_help=True)
+regressions_app = typer.Typer(help="List and triage regressions: acknowledge, mark, group, history, "
+                              "per-series thresholds.", no_args_is_help=True)
+threshold_app = typer.Typer(help="A series' own minimum effect (instead of the coordinator's "
+                            "KERNELFLEET_REGRESSION_MIN_EFFECT).", no_args_is_help=True)
+regressions_app.add_typer(threshold_app, name="threshold")
 webhooks_app = typer.Typer(help="Webhook alert deliveries and their attempts.", no_args_is_help=True)
 admin_app.add_typer(regressions_app, name="regressions")
 admin_app.add_typer(webhooks_app, name="webhooks")
@@ -301,8 +305,8 @@ def campaign_retry(campaign_id: CampaignId, coordinator: Coordinator = DEFAULT_C
 
 @regressions_app.command("list")
 def regressions_list(
-    status: Annotated[str | None, typer.Option("--status", help="confirming, open, acknowledged or "
-                                               "dismissed")] = None,
+    status: Annotated[str | None, typer.Option("--status", help="confirming, open, acknowledged, dismissed, "
+                                               "invalid, ignored or fixed")] = None,
     limit: Annotated[int, typer.Option("--limit", help="At most this many rows")] = 100,
     coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None, as_json: AsJson = False,
 ) -> None:
@@ -310,15 +314,26 @@ def regressions_list(
     params: dict[str, Any] = {"limit": limit} | ({"status": status} if status else {})
     rows = _call(coordinator, admin_token, "GET", "/regressions", params=params)
     _print_rows(rows, as_json, plural(len(rows), "regression"),
-                ("id", "status", "chip", "kernel", "shape", "dtype", "effect", "cause", "detected"),
+                ("id", "status", "chip", "kernel", "shape", "dtype", "effect", "cause", "detected",
+                 "status set by"),
                 lambda r: [str(r["id"]), r["status"], r["chip"], r["kernel"], r["shape"], r["dtype"],
-                           f"{100 * r['effect']:+.1f}%", r["cause_text"][:60], _when(r["detected_at"])])
+                           f"{100 * r['effect']:+.1f}%", r["cause_text"][:60], _when(r["detected_at"]),
+                           _changed(r)])
+
+
+def _changed(r: dict[str, Any]) -> str:
+    by = r.get("status_changed_by")
+    return f"{by}, {_when(r['status_changed_at'])}" if by else "-"
+
+
+RegressionId = Annotated[int, typer.Argument(help="The regression's id (see `regressions list`)")]
+Note = Annotated[str | None, typer.Option("--note", help="Why (kept with it and in its history)")]
 
 
 @regressions_app.command("acknowledge")
 def regressions_acknowledge(
-    regression_id: Annotated[int, typer.Argument(help="The regression's id (see `regressions list`)")],
-    note: Annotated[str | None, typer.Option("--note", help="Why (kept with it)")] = None,
+    regression_id: RegressionId,
+    note: Note = None,
     group: Annotated[bool, typer.Option("--group", help="Every open one with the same cause")] = False,
     coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None,
 ) -> None:
@@ -326,9 +341,129 @@ def regressions_acknowledge(
     body: dict[str, Any] = {"whole_group": group} | ({"note": note} if note is not None else {})
     got = _call(coordinator, admin_token, "POST", f"/regressions/{regression_id}/acknowledge", json=body)
     ids = ", ".join(str(i) for i in got["acknowledged"]) or "none"
-    cancelled = got.get("cancelled_jobs", [])
-    out.print(f"acknowledged: {ids}" + (f"; confirmation job(s) cancelled: "
-                                         f"{', '.join(str(j) for j in cancelled)}" if cancelled else ""),
+    out.print(f"acknowledged: {ids}" + _cancelled(got.get("cancelled_jobs", [])), highlight=False)
+
+
+def _cancelled(jobs: list[int]) -> str:
+    return f"; confirmation job(s) cancelled: {', '.join(str(j) for j in jobs)}" if jobs else ""
+
+
+@regressions_app.command("mark")
+def regressions_mark(
+    regression_id: RegressionId,
+    status: Annotated[str, typer.Argument(help="invalid (noise), ignored (expected), fixed (undone later: "
+                                          "give --fixed-by-run or --fixed-by-regression) or open (undo)")],
+    note: Note = None,
+    fixed_by_run: Annotated[int | None, typer.Option(
+        "--fixed-by-run", help="With fixed: a later run (result id) of the series showing the fix")] = None,
+    fixed_by_regression: Annotated[int | None, typer.Option(
+        "--fixed-by-regression", help="With fixed: a later alert of the same series that undid it")] = None,
+    group: Annotated[bool, typer.Option("--group", help="Also every other regression with the same cause "
+                                        "whose status can move there (not with fixed)")] = False,
+    coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None,
+) -> None:
+    """Triage a regression: mark it invalid, ignored or fixed, or open again.
+
+    Marking one still being confirmed cancels its confirmation job; who did it and when is kept with it
+    and in its history."""
+    body: dict[str, Any] = {"status": status, "note": note, "fixed_by_result_id": fixed_by_run,
+                            "fixed_by_regression_id": fixed_by_regression, "whole_group": group or None}
+    got = _call(coordinator, admin_token, "POST", f"/regressions/{regression_id}/triage",
+                json={k: v for k, v in body.items() if v is not None},
+                words={r"\bfixed_by_result_id\b": "--fixed-by-run",
+                       r"\bfixed_by_regression_id\b": "--fixed-by-regression", r"\bwhole_group\b": "--group"})
+    ids, cancelled = ", ".join(str(i) for i in got["changed"]), got["cancelled_jobs"]
+    noun = "regression" if len(got["changed"]) == 1 else "regressions"
+    out.print(f"{noun} {ids}: {got['status']} (by {got['status_changed_by']})" + _cancelled(cancelled),
+              highlight=False)
+
+
+def _regroup(coordinator: str, admin_token: str | None, regression_id: int, into: int | None,
+             note: str | None) -> None:
+    got = _call(coordinator, admin_token, "POST", f"/regressions/{regression_id}/group",
+                json={"into": into, "note": note})
+    others = plural(got["group_size"] - 1, "other regression")
+    out.print(f"regression {got['id']}: group {got['group_key']} ({others} in it)", highlight=False)
+
+
+@regressions_app.command("group")
+def regressions_group(
+    regression_id: RegressionId,
+    into: Annotated[int, typer.Option("--into", help="The regression whose group it joins")],
+    note: Note = None,
+    coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None,
+) -> None:
+    """Move a regression into another regression's group; the scan keeps it there."""
+    _regroup(coordinator, admin_token, regression_id, into, note)
+
+
+@regressions_app.command("ungroup")
+def regressions_ungroup(
+    regression_id: RegressionId, note: Note = None,
+    coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None,
+) -> None:
+    """Move a regression out of its group into a group of its own; the scan keeps it there."""
+    _regroup(coordinator, admin_token, regression_id, None, note)
+
+
+@regressions_app.command("history")
+def regressions_history(
+    regression_id: RegressionId,
+    coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None, as_json: AsJson = False,
+) -> None:
+    """Every change a person made to a regression's status or group, oldest first, with who and when."""
+    rows = _call(coordinator, admin_token, "GET", f"/regressions/{regression_id}/history")
+    _print_rows(rows, as_json, plural(len(rows), "change"), ("when", "who", "change", "from", "to", "note"),
+                lambda e: [_when(e["at"]), e["actor"], e["action"], e["old"] or "-", e["new"],
+                           e["note"] or ""])
+
+
+def _series(t: dict[str, Any]) -> str:
+    return f"{t['kernel']} {t['shape']} {t['dtype']} on {t['chip']}"
+
+
+@threshold_app.command("set")
+def threshold_set(
+    chip: Annotated[str, typer.Option("--chip", help="The series' chip")],
+    kernel: Annotated[str, typer.Option("--kernel", help="The series' kernel")],
+    shape: Annotated[str, typer.Option("--shape", help="The series' shape, e.g. 4096x4096")],
+    dtype: Annotated[str, typer.Option("--dtype", help="The series' dtype")],
+    min_effect: Annotated[float, typer.Option("--min-effect", help="The smallest slowdown that alerts for "
+                                              "this series, e.g. 0.08 for 8 %")],
+    note: Annotated[str | None, typer.Option("--note", help="Why (kept with the threshold)")] = None,
+    coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None,
+) -> None:
+    """Set (or replace) one series' minimum effect.
+
+    The detectors use it from the next run they check, and in the scan. The series must have stored
+    runs."""
+    got = _call(coordinator, admin_token, "PUT", "/regressions/thresholds",
+                json={"chip": chip, "kernel": kernel, "shape": shape, "dtype": dtype,
+                      "min_effect": min_effect, "note": note}, words={r"\bmin_effect\b": "--min-effect"})
+    out.print(f"threshold {got['id']}: {_series(got)} alerts from {100 * got['min_effect']:.1f} %",
+              highlight=False)
+
+
+@threshold_app.command("list")
+def threshold_list(coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None,
+                   as_json: AsJson = False) -> None:
+    """The series with a minimum effect of their own."""
+    rows = _call(coordinator, admin_token, "GET", "/regressions/thresholds")
+    _print_rows(rows, as_json, plural(len(rows), "threshold"),
+                ("id", "chip", "kernel", "shape", "dtype", "min effect", "set by", "set at", "note"),
+                lambda t: [str(t["id"]), t["chip"], t["kernel"], t["shape"], t["dtype"],
+                           f"{100 * t['min_effect']:.1f} %", t["set_by"], _when(t["set_at"]),
+                           t["note"] or ""])
+
+
+@threshold_app.command("delete")
+def threshold_delete(
+    threshold_id: Annotated[int, typer.Argument(help="The threshold's id (see `threshold list`)")],
+    coordinator: Coordinator = DEFAULT_COORDINATOR, admin_token: AdminToken = None,
+) -> None:
+    """Remove a series' own minimum effect: the coordinator's setting applies to it again."""
+    got = _call(coordinator, admin_token, "DELETE", f"/regressions/thresholds/{threshold_id}")
+    out.print(f"threshold {got['id']} removed: {_series(got)} uses the coordinator's minimum effect again",
               highlight=False)
 
 

@@ -165,16 +165,30 @@ def token_scope(session_factory: sessionmaker[Session], token: str | None, admin
     return row.scope if row is not None and row.revoked_at is None else None
 
 
+ADMIN_ACTOR = "admin"  # who the settings' admin token is, in what a person changed (regression triage)
+
+
+def actor_name(row: ApiToken | None) -> str:
+    """Who made a change: ``admin`` (the settings' admin token) or ``token ID (NAME)`` (an API token)."""
+    return ADMIN_ACTOR if row is None else f"token {row.id} ({row.name})"[:160]
+
+
 def authorize(session_factory: sessionmaker[Session], token: str | None, admin_token: str | None,
               allowed: frozenset[TokenScope] = ADMIN_ONLY) -> TokenScope:
     """Accept the admin token or an unrevoked API token of an ``allowed`` scope; returns its scope.
     401 without a valid token, 403 for a valid token of another scope or a worker's token (looked up
     in a short session of its own, only when the token is not the admin token)."""
+    return identify(session_factory, token, admin_token, allowed)[0]
+
+
+def identify(session_factory: sessionmaker[Session], token: str | None, admin_token: str | None,
+             allowed: frozenset[TokenScope] = ADMIN_ONLY) -> tuple[TokenScope, str]:
+    """:func:`authorize`, and who the token is (:func:`actor_name`)."""
     needs = _needs(allowed)
     if token is None:
         raise Unauthorized(token_refusal(True, allowed))
     if is_admin_token(token, admin_token):
-        return TokenScope.admin
+        return TokenScope.admin, ADMIN_ACTOR
     with session_factory() as session:
         row = find_api_token(session, token)
         worker = _find_worker(session, token) if row is None else None
@@ -182,7 +196,7 @@ def authorize(session_factory: sessionmaker[Session], token: str | None, admin_t
         if row.revoked_at is not None:
             raise Unauthorized(f"token {row.id} ({row.name}) was revoked; ask an admin for a new one")
         if row.scope in allowed:
-            return row.scope
+            return row.scope, actor_name(row)
         raise Forbidden(f"this needs {needs}; a {row.scope.value} token is not accepted here")
     if worker is not None:
         raise Forbidden(f"this needs {needs}; a worker token is not accepted here")

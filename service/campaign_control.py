@@ -8,8 +8,9 @@ regressions; and the background sweep that keeps those true.
   cleared) as soon as none of its jobs is leased, at once or in a later :func:`sweep`.
 - Retry: dead jobs go back to the queue with their attempts reset; done jobs whose run had no
   successful trial get a fresh job each (a done job keeps its result).
-- A regression acknowledged or dismissed needs no confirmation: its queued confirm job is cancelled
-  (at once by the acknowledge route, and by :func:`sweep` whatever settled it).
+- A regression acknowledged, dismissed or triaged (invalid, ignored, fixed) needs no confirmation: its
+  queued confirm job is cancelled (at once by the acknowledge and triage routes, and by :func:`sweep`
+  whatever settled it).
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from kernelfleet.service.models import Campaign, Job, JobKind, JobState, Regress
 
 logger = logging.getLogger(__name__)
 
-SETTLED = (RegressionStatus.acknowledged, RegressionStatus.dismissed)
+# a regression in any of these needs no confirmation (acknowledged, dismissed, or triaged by a person)
+SETTLED = (RegressionStatus.acknowledged, RegressionStatus.dismissed, RegressionStatus.invalid,
+           RegressionStatus.ignored, RegressionStatus.fixed)
 
 
 class ControlOut(BaseModel):
@@ -130,7 +133,7 @@ def _unneeded_confirmations() -> object:
 
 
 def cancel_confirmations(session: Session, regression_ids: Sequence[int]) -> list[int]:
-    """Cancel the queued confirm jobs of these regressions if they are acknowledged or dismissed."""
+    """Cancel the queued confirm jobs of these regressions if they are settled (:data:`SETTLED`)."""
     if not regression_ids:
         return []
     with immediate(session):

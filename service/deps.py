@@ -1,6 +1,7 @@
 """Typed FastAPI dependencies: ``DbDep``, ``SettingsDep``, ``WorkerCallDep``, ``AdminDep`` (an admin
 token), ``EnrollDep`` (an admin or enroll token) and ``DashboardDep`` (public when
-``settings.dashboard_public``, else an admin or read token).
+``settings.dashboard_public``, else an admin or read token); ``ActorDep`` is ``AdminDep`` that also
+says who the token is (``admin``, or ``token ID (NAME)``), for changes kept with their author.
 
 No dependency holds a database session across the request. FastAPI runs each sync dependency, the
 sync route body and the route's response validation on separate threadpool threads; a session
@@ -25,11 +26,13 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
 from kernelfleet.service.auth import (
+    ADMIN_ACTOR,
     ADMIN_ONLY,
     ENROLLERS,
     READERS,
     WorkerCall,
     authorize,
+    identify,
     is_admin_token,
     seen_every,
 )
@@ -72,6 +75,15 @@ async def require_admin(credentials: BearerDep, db: DbDep, settings: SettingsDep
     await _authorize(db, _token(credentials), settings.admin_token, ADMIN_ONLY)
 
 
+async def admin_actor(credentials: BearerDep, db: DbDep, settings: SettingsDep) -> str:
+    """An admin route that records who called it: ``admin`` (the settings' token) or ``token ID
+    (NAME)`` (an API token of scope admin)."""
+    token = _token(credentials)
+    if token is not None and is_admin_token(token, settings.admin_token):
+        return ADMIN_ACTOR
+    return (await run_in_threadpool(identify, db, token, settings.admin_token, ADMIN_ONLY))[1]
+
+
 async def require_enroll(credentials: BearerDep, db: DbDep, settings: SettingsDep) -> None:
     """Minting enrollment tokens: an admin token or an ``enroll`` one."""
     await _authorize(db, _token(credentials), settings.admin_token, ENROLLERS)
@@ -102,5 +114,6 @@ async def _authorize(db: sessionmaker[Session], token: str | None, admin_token: 
 
 WorkerCallDep = Annotated[WorkerCall, Depends(worker_call)]
 AdminDep = Annotated[None, Depends(require_admin)]
+ActorDep = Annotated[str, Depends(admin_actor)]  # an admin token, and who it is
 EnrollDep = Annotated[None, Depends(require_enroll)]
 DashboardDep = Annotated[None, Depends(require_dashboard)]

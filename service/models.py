@@ -83,6 +83,10 @@ class RegressionStatus(enum.StrEnum):
     open = "open"  # confirmed, not yet acknowledged
     acknowledged = "acknowledged"
     dismissed = "dismissed"  # the confirmation run did not reproduce it
+    # triaged by a person (POST /regressions/{id}/triage, service/regressions/triage.py)
+    invalid = "invalid"  # noise: no real change (the baseline does not restart at it)
+    ignored = "ignored"  # a real change, expected: the slower level is the new normal
+    fixed = "fixed"  # a real change, undone later (fixed_by_regression_id or fixed_by_result_id)
 
 
 class TokenScope(enum.StrEnum):
@@ -319,6 +323,55 @@ class Regression(Base):
     # how it was confirmed ("re-run", "stored runs", "unconfirmed: no worker of this chip") or, while
     # confirming without a job, what it waits for (service/regressions/engine.py)
     confirmation: Mapped[str | None] = mapped_column(String(128))
+    # the last change a person made to its status (triage or acknowledge): who ("admin", or "token ID
+    # (NAME)" for an API token), when and why; every change is a RegressionEvent row
+    status_changed_by: Mapped[str | None] = mapped_column(String(160))
+    status_changed_at: Mapped[datetime | None] = mapped_column(TZ)
+    status_note: Mapped[str | None] = mapped_column(Text)
+    # what fixed it (status fixed): a later alert or improvement of the series, or the run that shows it
+    fixed_by_regression_id: Mapped[int | None] = mapped_column(
+        ForeignKey("regressions.id", ondelete="SET NULL"))
+    fixed_by_result_id: Mapped[int | None] = mapped_column(ForeignKey("results.id", ondelete="SET NULL"))
+    # set when a person moved it into another group or out of its group: what was done, by whom and
+    # why. While set, the scan's re-placement keeps its group_key (service/regressions/engine.py)
+    group_note: Mapped[str | None] = mapped_column(Text)
+
+
+class RegressionEvent(Base):
+    """One change a person made to a regression (append-only): its status (``action`` "status":
+    ``old``/``new`` statuses) or its group (``action`` "group": ``old``/``new`` group keys)."""
+
+    __tablename__ = "regression_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    regression_id: Mapped[int] = mapped_column(ForeignKey("regressions.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
+    actor: Mapped[str] = mapped_column(String(160))
+    action: Mapped[str] = mapped_column(String(16))  # status | group
+    old: Mapped[str | None] = mapped_column(String(256))
+    new: Mapped[str] = mapped_column(String(256))
+    note: Mapped[str | None] = mapped_column(Text)
+    detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # e.g. {"fixed_by_result_id": 42}
+
+
+class SeriesThreshold(Base):
+    """A series' own minimum effect: the regression detectors use it instead of the settings'
+    ``regression_min_effect`` for that (chip, kernel, shape, dtype), online and in the scan."""
+
+    __tablename__ = "series_thresholds"
+    __table_args__ = (
+        UniqueConstraint("chip", "kernel", "shape", "dtype", name="uq_series_thresholds_series"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    chip: Mapped[str] = mapped_column(String(128))
+    kernel: Mapped[str] = mapped_column(String(64))
+    shape: Mapped[str] = mapped_column(String(128))
+    dtype: Mapped[str] = mapped_column(String(16))
+    min_effect: Mapped[float] = mapped_column(Float)
+    note: Mapped[str | None] = mapped_column(Text)
+    set_by: Mapped[str] = mapped_column(String(160))
+    set_at: Mapped[datetime] = mapped_column(TZ, server_default=func.now())
 
 
 class Profile(Base):

@@ -20,7 +20,13 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
 from kernelfleet.service.bodies import add_body_schemas
-from kernelfleet.service.deps import require_admin, require_dashboard, require_enroll, worker_call
+from kernelfleet.service.deps import (
+    admin_actor,
+    require_admin,
+    require_dashboard,
+    require_enroll,
+    worker_call,
+)
 from kernelfleet.service.routes import route_templates
 from kernelfleet.service.settings import Settings
 
@@ -62,7 +68,7 @@ def dependency_calls(dependant: Dependant) -> Iterator[Any]:
 def _error_codes(route: APIRoute, path: str, method: str, settings: Settings) -> set[int]:
     codes = {422, 500, 503}  # 422: every route refuses NUL characters in its path and query string
     calls = set(dependency_calls(route.dependant))
-    if require_admin in calls or require_enroll in calls:
+    if require_admin in calls or require_enroll in calls or admin_actor in calls:
         codes |= {401, 403}
     if worker_call in calls:
         codes.add(401)

@@ -12,7 +12,7 @@ from kernelfleet.service.db import make_engine
 from kernelfleet.service.migrate import alembic_config, current_revision, head_revision, upgrade
 from kernelfleet.service.models import Base
 
-HEAD = "0011_runtime_settings"
+HEAD = "0012_regression_triage"
 
 
 def test_models_and_migrations_agree(migrated_db_url: str) -> None:

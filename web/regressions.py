@@ -1,6 +1,7 @@
 """Regressions page (``/regressions``, ``/regressions/{id}``): what the store holds, each with its
 evidence chart (the series around it), its attribution (the ``cause``: what changed between the
-runs) and an acknowledge action that needs the admin token."""
+runs), its status with who last changed it and when (triage), and an acknowledge action that needs
+the admin token; a regression's own page lists every change a person made to it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from sqlalchemy.orm import Session
 from kernelfleet.service.deps import DbDep
 from kernelfleet.service.models import Job, Regression, RegressionStatus, Result
 from kernelfleet.service.params import RowId
+from kernelfleet.service.regressions.triage import history
 from kernelfleet.web.errors import PageNotFound
 from kernelfleet.web.figures import series_figure
 from kernelfleet.web.render import db_clock, page
@@ -26,7 +28,9 @@ router = page_router()
 
 Name = Annotated[str | None, Query(max_length=128)]
 ACTIVE = (RegressionStatus.open, RegressionStatus.confirming)
-STATUS_CHOICES = ("active", "open", "confirming", "acknowledged", "dismissed", "all")
+STATUS_CHOICES = (
+    "active", "open", "confirming", "acknowledged", "dismissed", "invalid", "ignored", "fixed", "all"
+)
 PAGE = 20
 # The acknowledge action posts to the regressions API; the admin token travels in a header.
 ACK_URL = "/api/v1/regressions/{id}/acknowledge"
@@ -156,5 +160,6 @@ def regression(request: Request, db: DbDep, regression_id: RowId) -> HTMLRespons
             "regression.html",
             title=f"Regression {reg.id}",
             c=_cards(session, [reg])[0],
+            events=history(session, reg.id),
             now=db_clock(session),
         )

@@ -10,7 +10,9 @@ Modules
 - :mod:`.segments`    the two-level test (pooled run-to-run sigma with a prior) both detectors use
 - :mod:`.attribution` what changed between the last run before a change and the first after; the group key
 - :mod:`.series`      loading a series' runs from the database
-- :mod:`.engine`      the result hook, confirmation handling, the scan and acknowledging
+- :mod:`.engine`      the result hook, confirmation handling and the scan
+- :mod:`.triage`      a person's actions: acknowledge, invalid/ignored/fixed, grouping by hand, per-series
+                      thresholds, and their history
 
 :mod:`.base`, :mod:`.noise`, :mod:`.segments`, :mod:`.step`, :mod:`.changepoint` and
 :mod:`.attribution` need only numpy and scipy (the detector benchmark imports them without a database).

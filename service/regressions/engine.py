@@ -1,4 +1,5 @@
-"""Regression detection in the coordinator: the result hook, confirmations, the scan, acknowledging.
+"""Regression detection in the coordinator: the result hook, confirmations and the scan (a person's
+actions on alerts: :mod:`.triage`).
 
 - Each stored result (:func:`on_result`, registered with :mod:`kernelfleet.service.hooks`) is
   checked by the online detector against its series' runs since the baseline started. A suspect
@@ -24,6 +25,8 @@
   Then every open regression of the series is re-placed where its change most likely is, now that
   runs on both sides are stored (:func:`.locate.locate`: maximum likelihood of the two levels around
   it, favouring a run pair where a recorded attribute changed).
+- Every test takes the series' own minimum effect where one is set (:func:`.triage.min_effect`), else
+  the settings' ``regression_min_effect``.
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ from sqlalchemy import ColumnElement, and_, func, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from kernelfleet.service.db import db_now, immediate, is_sqlite
-from kernelfleet.service.errors import Conflict, NotFound
 from kernelfleet.service.hooks import on_result_stored
 from kernelfleet.service.models import (
     Backend,
@@ -51,6 +53,7 @@ from kernelfleet.service.regressions import base
 from kernelfleet.service.regressions.attribution import attribute, group_key
 from kernelfleet.service.regressions.locate import locate
 from kernelfleet.service.regressions.series import SeriesKey, history, load_runs, reset_point, to_run
+from kernelfleet.service.regressions.triage import min_effect
 from kernelfleet.service.settings import Settings
 from kernelfleet.service.targets import exact_chip_pattern, target_id
 
@@ -119,7 +122,7 @@ def check_run(session: Session, result: Result, run: base.RunPoint, settings: Se
     if pending:
         return None  # one question at a time: the series waits for its confirmation
     past = history(session, key, result.id, settings.regression_history_runs)
-    finding = base.online().check(past, run, settings.regression_min_effect)
+    finding = base.online().check(past, run, min_effect(session, key, settings.regression_min_effect))
     if finding is None:
         return None
     runs = [*past, run]
@@ -203,7 +206,7 @@ def _settle(session: Session, regression: Regression, rerun: base.RunPoint, sett
         p_value=regression.p_value or 0.0,
     )
     detector = base.online()
-    joint = detector.confirms(past, suspect, rerun, settings.regression_min_effect)
+    joint = detector.confirms(past, suspect, rerun, min_effect(session, key, settings.regression_min_effect))
     if joint is not None and not detector.settled(joint, len(past) - index + 1):
         # the next re-run: a new confirm job, or (none can run) the next run stored
         regression.confirm_job_id = (
@@ -324,7 +327,8 @@ def scan(factory: sessionmaker[Session], settings: Settings) -> ScanReport:
             if not is_sqlite(session.get_bind().engine):
                 session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": SCAN_LOCK})
             runs = load_runs(session, key, limit=SCAN_RUNS)
-            found = detector.scan(runs, settings.regression_min_effect)
+            effect = min_effect(session, key, settings.regression_min_effect)
+            found = detector.scan(runs, effect)
             findings += len(found)
             position = {r.result_id: i for i, r in enumerate(runs)}
             medians = [r.median_us for r in runs]
@@ -333,7 +337,6 @@ def scan(factory: sessionmaker[Session], settings: Settings) -> ScanReport:
             ).all()
             taken = [(position[r.result_id], r) for r in existing if r.result_id in position]
             placed_at = {r.id: r.result_id for _, r in taken}  # where each stood before this scan
-            effect = settings.regression_min_effect
             for f in found:
                 levels = (f.baseline_median_us, f.new_median_us)
                 same = [
@@ -396,44 +399,14 @@ def _relocate_all(
 
 def _relocate(regression: Regression, key: SeriesKey, runs: list[base.RunPoint], index: int) -> None:
     """Move an open regression to the run pair the scan found around its change (and so its cause
-    and group)."""
+    and group, unless a person grouped it by hand: ``group_note``)."""
     before, first_slow = runs[index - 1], runs[index]
     cause = attribute(before, first_slow)
     regression.result_id, regression.baseline_result_id = first_slow.result_id, before.result_id
-    regression.cause, regression.group_key = cause, group_key(key.kernel, key.as_tuple(), cause)
+    regression.cause = cause
+    if regression.group_note is None:
+        regression.group_key = group_key(key.kernel, key.as_tuple(), cause)
     logger.info("regression %s moved by the scan to result %s", regression.id, first_slow.result_id)
-
-
-def acknowledge(
-    session: Session, regression_id: int, note: str | None, whole_group: bool = False
-) -> list[int]:
-    """Acknowledge one regression (or every open/confirming one of its group); returns the ids."""
-    with immediate(session):
-        regression = session.get(Regression, regression_id)
-        if regression is None:
-            raise NotFound(f"no regression {regression_id}; list them with GET /api/v1/regressions")
-        if regression.status == RegressionStatus.acknowledged:
-            raise Conflict(f"regression {regression_id} is already acknowledged")
-        if regression.status == RegressionStatus.dismissed:
-            raise Conflict(
-                f"regression {regression_id} was dismissed (its confirmation run did not reproduce "
-                f"it); there is nothing to acknowledge"
-            )
-        target = (
-            Regression.group_key == regression.group_key if whole_group else Regression.id == regression_id
-        )
-        ids = list(
-            session.scalars(
-                update(Regression)
-                .where(target, Regression.status.in_([RegressionStatus.open, RegressionStatus.confirming]))
-                .values(
-                    status=RegressionStatus.acknowledged, acknowledged_at=db_now(), acknowledged_note=note
-                )
-                .returning(Regression.id)
-                .execution_options(synchronize_session=False)
-            ).all()
-        )
-    return sorted(ids)
 
 
 on_result_stored(on_result)

@@ -89,7 +89,8 @@ def to_run(
 
 def reset_point(session: Session, key: SeriesKey, before_id: int) -> int | None:
     """The result id from which the series' baseline starts: the latest confirmed regression's run
-    (the slower level is the new normal once a regression is open or acknowledged)."""
+    (the slower level is the new normal once a regression is open, acknowledged, ignored or fixed;
+    one marked invalid was noise and moves nothing)."""
     return session.scalars(
         select(Regression.result_id)
         .where(
@@ -98,7 +99,8 @@ def reset_point(session: Session, key: SeriesKey, before_id: int) -> int | None:
             Regression.shape == key.shape,
             Regression.dtype == key.dtype,
             Regression.result_id < before_id,
-            Regression.status.in_([RegressionStatus.open, RegressionStatus.acknowledged]),
+            Regression.status.in_([RegressionStatus.open, RegressionStatus.acknowledged,
+                                   RegressionStatus.ignored, RegressionStatus.fixed]),
         )
         .order_by(Regression.result_id.desc())
         .limit(1)

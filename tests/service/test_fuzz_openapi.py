@@ -114,7 +114,8 @@ def test_schemathesis_finds_no_server_errors_or_schema_violations(coordinator_fa
           f"({coordinator.db_url.split(':')[0]}); {deep_line}: {', '.join(deep)}\n{out[-3000:]}")
     assert run.returncode == 0, f"schemathesis found problems (seed {seed}):\n{out[-20000:]}"
     assert cases is not None and int(cases.group(1)) == int(cases.group(2)) > 0, out[-5000:]
-    # 36: the tokens routes (create, list, revoke) and POST /workers/add joined the 30, then the
-    # runtime-settings push and read
-    assert "Selected: 36/36" in out and "Tested: 36" in out, out[-5000:]
+    # 42: the tokens routes (create, list, revoke) and POST /workers/add joined the 30, then the
+    # runtime-settings push and read, then regression triage (triage, group, history; thresholds
+    # list, set, delete)
+    assert "Selected: 42/42" in out and "Tested: 42" in out, out[-5000:]
     assert "Traceback" not in coordinator.logs(), coordinator.logs()[-5000:]

@@ -19,7 +19,7 @@ def test_openapi_declares_string_details_error_statuses_and_bearer_auth(coordina
         "description": "the admin token, an API token (scope admin, read or enroll) or a worker's token"}
     ops = {(method.upper(), path): op
            for path, item in schema["paths"].items() for method, op in item.items()}
-    assert len(ops) == 36
+    assert len(ops) == 42
     results = ops[("GET", "/api/v1/results")]["responses"]["200"]["content"]
     assert {"application/json", "text/csv"} <= set(results)
     assert "409" in ops[("POST", "/api/v1/campaigns/{campaign_id}/retry")]["responses"]
@@ -36,6 +36,9 @@ def test_openapi_declares_string_details_error_statuses_and_bearer_auth(coordina
     assert "403" not in ops[("POST", "/api/v1/leases")]["responses"]  # worker routes never say 403
     assert "202" in ops[("POST", "/api/v1/regressions/scan")]["responses"]  # queued, not run in the request
     assert "404" in ops[("GET", "/api/v1/regressions/scans/{scan_id}")]["responses"]
+    triage = ops[("POST", "/api/v1/regressions/{regression_id}/triage")]
+    assert {"401", "403", "404", "409", "422"} <= set(triage["responses"])
+    assert "404" in ops[("PUT", "/api/v1/regressions/thresholds")]["responses"]  # a series with no run
     public_read = ops[("GET", "/api/v1/profiles/{chip}")]
     assert public_read["security"] == [{}, {"HTTPBearer": []}]  # the dashboard is public by default
     assert "304" in public_read["responses"] and "404" in public_read["responses"]
