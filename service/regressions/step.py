@@ -26,13 +26,17 @@ one level against the same faster level (joint effect and joint p-value below
 still confirmed while a spike or a single bad run is not. Bad runs also come in pairs, so a joint
 finding on two slower runs alone (the suspect and one re-run) is not :meth:`StepDetector.settled`
 unless its effect is at least ``pair_ceiling``: the coordinator queues one more re-run, and the
-three are tested together.
+three are tested together. Nor is one whose slower runs no longer make a step (``robust_alpha``)
+once any one run or pair of consecutive runs among them is left out (:attr:`.base.Finding.robust`):
+a bad pair must not lift an ordinary run of wander into a step, so the effect, not each run, has to
+clear ``min_effect`` without it. Such a suspect gets more re-runs, and at ``settle_max`` slower runs
+it is dismissed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -44,6 +48,7 @@ from kernelfleet.service.regressions.segments import (
     level_shift,
     may_hold,
     slow_side_holds,
+    without_bad_stretch,
 )
 
 
@@ -62,6 +67,8 @@ class StepDetector:
     improvement: float = 0.05  # a faster level by this much restarts the baseline
     settle_runs: int = 3  # slower runs (the suspect's and its re-runs) a confirmed step rests on ...
     pair_ceiling: float = 0.20  # ... unless it is this large: bad runs come alone and in pairs
+    robust_alpha: float = 1e-2  # the step without its worst bad run or pair (see _robust)
+    settle_max: int = 5  # slower runs after which a step that a bad stretch could make is dismissed
     prior: Prior = field(default_factory=Prior)
 
     def check(self, history: Sequence[RunPoint], new: RunPoint, min_effect: float) -> Finding | None:
@@ -100,7 +107,19 @@ class StepDetector:
         best = self._shift(runs, x, suspect.index - skip, min_effect)
         if best is None or best.p_value >= self.confirm_alpha:
             return None
-        return self._finding(best, skip)
+        robust = self._robust(runs, x, best.tau, min_effect)
+        if not robust and len(runs) - best.tau >= self.settle_max:
+            return None  # as many re-runs as a step gets, and still a bad stretch could make it
+        return replace(self._finding(best, skip), robust=robust)
+
+    def _robust(self, runs: Sequence[RunPoint], x: np.ndarray, tau: int, min_effect: float) -> bool:
+        """Whether the slower runs from ``tau`` on still make a step (``min_effect``, every-run
+        floor, ``robust_alpha``) with any bad run or bad pair among them left out."""
+        for rest, y in without_bad_stretch(runs, x, tau):
+            shift = self._shift(rest, y, tau, min_effect)
+            if shift is None or shift.p_value >= self.robust_alpha:
+                return False
+        return True
 
     def shift_at(self, runs: Sequence[RunPoint], tau: int, min_effect: float) -> Finding | None:
         """The test :meth:`check` makes of one split, at ``tau``, with its gates: ``min_history``
@@ -116,7 +135,7 @@ class StepDetector:
         of ``pair_ceiling`` or more. Bad runs come alone and in pairs (a device's state lasts a run
         or two), so two slower runs of a modest effect are what a bad pair looks like; the
         coordinator asks for one more re-run instead."""
-        return runs >= self.settle_runs or joint.effect >= self.pair_ceiling
+        return (runs >= self.settle_runs and joint.robust) or joint.effect >= self.pair_ceiling
 
     def _since_improvement(self, history: Sequence[RunPoint]) -> int:
         """Where the baseline starts in ``history``: after the latest improvement (a faster level
