@@ -68,6 +68,7 @@ class StepDetector:
     settle_runs: int = 3  # slower runs (the suspect's and its re-runs) a confirmed step rests on ...
     pair_ceiling: float = 0.20  # ... unless it is this large: bad runs come alone and in pairs
     robust_alpha: float = 1e-2  # the step without its worst bad run or pair (see _robust)
+    bad_stretch: int = 2  # the longest stretch of consecutive bad runs left out (see _robust)
     settle_max: int = 5  # slower runs after which a step that a bad stretch could make is dismissed
     prior: Prior = field(default_factory=Prior)
 
@@ -115,7 +116,7 @@ class StepDetector:
     def _robust(self, runs: Sequence[RunPoint], x: np.ndarray, tau: int, min_effect: float) -> bool:
         """Whether the slower runs from ``tau`` on still make a step (``min_effect``, every-run
         floor, ``robust_alpha``) with any bad run or bad pair among them left out."""
-        for rest, y in without_bad_stretch(runs, x, tau):
+        for rest, y in without_bad_stretch(runs, x, tau, self.bad_stretch):
             shift = self._shift(rest, y, tau, min_effect)
             if shift is None or shift.p_value >= self.robust_alpha:
                 return False
@@ -136,6 +137,10 @@ class StepDetector:
         or two), so two slower runs of a modest effect are what a bad pair looks like; the
         coordinator asks for one more re-run instead."""
         return (runs >= self.settle_runs and joint.robust) or joint.effect >= self.pair_ceiling
+
+    def since_improvement(self, history: Sequence[RunPoint]) -> int:
+        """Where the baseline starts in ``history`` (see :meth:`_since_improvement`)."""
+        return self._since_improvement(history)
 
     def _since_improvement(self, history: Sequence[RunPoint]) -> int:
         """Where the baseline starts in ``history``: after the latest improvement (a faster level
