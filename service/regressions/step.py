@@ -25,8 +25,9 @@ one level against the same faster level (joint effect and joint p-value below
 ``confirm_alpha``), with the same every-run floor, so a 5 % step whose re-run lands at +2.5 % is
 still confirmed while a spike or a single bad run is not. Bad runs also come in pairs, so a joint
 finding on two slower runs alone (the suspect and one re-run) is not :meth:`StepDetector.settled`
-unless its effect is at least ``pair_ceiling``: the coordinator queues one more re-run, and the
-three are tested together. Nor is one whose slower runs no longer make a step (``robust_alpha``)
+unless its effect is at least ``pair_ceiling``: the coordinator queues one more re-run, and so on
+until ``settle_runs`` (4) slower runs are tested together (a spike next to a bad pair is three odd
+runs in a row). Nor is one whose slower runs no longer make a step (``robust_alpha``)
 once any one run or pair of consecutive runs among them is left out (:attr:`.base.Finding.robust`):
 a bad pair must not lift an ordinary run of wander into a step, so the effect, not each run, has to
 clear ``min_effect`` without it. Such a suspect gets more re-runs, and at ``settle_max`` slower runs
@@ -65,7 +66,7 @@ class StepDetector:
     confirm_alpha: float = 1.5e-3
     floor: float = 0.5  # every slower run is at least floor * min_effect above the faster level
     improvement: float = 0.05  # a faster level by this much restarts the baseline
-    settle_runs: int = 3  # slower runs (the suspect's and its re-runs) a confirmed step rests on ...
+    settle_runs: int = 4  # slower runs (the suspect's and its re-runs) a confirmed step rests on ...
     pair_ceiling: float = 0.20  # ... unless it is this large: bad runs come alone and in pairs
     robust_alpha: float = 1e-2  # the step without its worst bad run or pair (see _robust)
     bad_stretch: int = 2  # the longest stretch of consecutive bad runs left out (see _robust)
@@ -133,9 +134,11 @@ class StepDetector:
     def settled(self, joint: Finding, runs: int) -> bool:
         """Whether a joint finding on ``runs`` runs (index of the first slower run to the newest,
         the re-run included) is enough to alert: at least ``settle_runs`` slower runs, or an effect
-        of ``pair_ceiling`` or more. Bad runs come alone and in pairs (a device's state lasts a run
-        or two), so two slower runs of a modest effect are what a bad pair looks like; the
-        coordinator asks for one more re-run instead."""
+        of ``pair_ceiling`` or more, and the step holds without any one bad run or bad pair among
+        them (:attr:`.base.Finding.robust`). Bad runs come alone and in pairs (a device's state
+        lasts a run or two), and a spike may land next to a pair, so two or three slower runs of a
+        modest effect are what odd runs look like; the coordinator asks for one more re-run
+        instead."""
         return (runs >= self.settle_runs and joint.robust) or joint.effect >= self.pair_ceiling
 
     def since_improvement(self, history: Sequence[RunPoint]) -> int:
