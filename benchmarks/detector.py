@@ -260,6 +260,7 @@ class Outcome:
     jobs: int = 0  # confirmation re-runs
     causes: dict[int, dict[str, list[str | None]]] = field(default_factory=dict)
     levels: dict[int, tuple[float, float]] = field(default_factory=dict)  # (baseline, new) medians
+    origin: dict[int, str] = field(default_factory=dict)  # alert -> "online" | "scan" (--false-alerts)
 
 
 def pair_cause(s: Series, t: int) -> dict[str, list[str | None]]:
@@ -303,6 +304,7 @@ def ours_online(s: Series, rng: np.random.Generator) -> Outcome:
                 out.alerts.append(index)
                 out.causes[index] = pair_cause(s, index)
                 out.levels[index] = (joint.baseline_median_us, joint.new_median_us)
+                out.origin[index] = f"online (suspect at {index}, {joint.effect:+.1%})"
             start = index  # the new level is the baseline from here on
     return out
 
@@ -317,13 +319,19 @@ def ours_combined(s: Series, rng: np.random.Generator) -> Outcome:
         if not same:
             out.alerts.append(f.index)
             out.causes[f.index] = pair_cause(s, f.index)
+            out.origin[f.index] = f"scan ({f.effect:+.1%}, p {f.p_value:.4f})"
         elif relocates(same[0], f, MIN_EFFECT) and f.index not in out.alerts:
             # the scan, with runs on both sides of the change, moves the alert to its run pair
             out.alerts[out.alerts.index(same[0])] = f.index
             out.causes[f.index] = pair_cause(s, f.index)
             out.levels[f.index] = out.levels.pop(same[0])
+            out.origin[f.index] = out.origin.pop(same[0], "") + f", moved by the scan to {f.index}"
     # with the runs on both sides stored, every alert is re-placed where the change most likely is
-    out.alerts = locate(s.runs, out.alerts)
+    placed = locate(s.runs, out.alerts)
+    for t, u in zip(sorted(out.alerts), placed, strict=True):
+        if u != t:
+            out.origin[u] = out.origin.pop(t, "") + f", located at {u}"
+    out.alerts = placed
     out.causes = {t: pair_cause(s, t) for t in out.alerts}
     return out
 
@@ -364,6 +372,7 @@ class Score:
     groups: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
     chips: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # event -> chips alerted
     seconds: float = 0.0
+    false_alerts: list[str] = field(default_factory=list)  # one line per false alert (--false-alerts)
 
     def add(self, s: Series, out: Outcome) -> None:
         self.comparisons += N_RUNS - MIN_HISTORY
@@ -385,6 +394,7 @@ class Score:
             else:
                 self.fp += 1
                 self.fp_by_kind[s.kind] += 1
+                self.false_alerts.append(describe_false(s, out, t))
         if s.change is not None:
             self.caught[category(s)].append(int(matched))
             if s.kind in ("step", "multichip+"):
@@ -413,6 +423,20 @@ class Score:
         """(events caught on both slowed chips that got one group key, events caught on both)."""
         both = [g for g, n in self.chips.items() if n >= 2]
         return sum(1 for g in both if len(self.groups[g]) == 1), len(both)
+
+
+def describe_false(s: Series, out: Outcome, t: int) -> str:
+    """One false alert: the series' kind, where the alert stands and where it came from, each run's
+    median against the series' first level (bad runs marked ``!``, the labelled change ``|``)."""
+    runs = []
+    for i, p in enumerate(s.runs):
+        mark = "|" if i == s.change else ""
+        odd = "!" if s.bad[i] > 1 else ""
+        at = "*" if i == t else ""
+        runs.append(f"{mark}{at}{100 * (p.median_us / s.levels[0] - 1):+.1f}{odd}")
+    change = f" at {s.change} ({s.effect:+.0%})" if s.change is not None else ""
+    return (f"{s.kind}{change}: alert at {t} from {out.origin.get(t, '?')}; sigma_run "
+            f"{s.sigma_run:.3f}, within {s.sigma_within:.3f}\n    " + " ".join(runs))
 
 
 def category(s: Series) -> str:
@@ -542,6 +566,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="series at 68 %% prevalence (default 700)")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--no-peer", action="store_true", help="skip apache-otava (not installed)")
+    parser.add_argument("--false-alerts", action="store_true",
+                        help="print each false alert of ours (series kind, origin, run medians) to stderr")
     args = parser.parse_args(argv)
     peer = None if args.no_peer else otava_peer()
     if not args.no_peer and peer is None:
@@ -557,6 +583,10 @@ def main(argv: list[str] | None = None) -> int:
             scores["apache-otava 0.8"] = evaluate(corpus, peer)
         runs.append((title, corpus, scores))
     text = report(runs, args.seed)
+    if args.false_alerts:
+        for title, _, scores in runs:
+            lines = scores["ours (step+confirm+scan)"].false_alerts
+            print(f"false alerts {title} ({len(lines)}):", *lines, sep="\n", file=sys.stderr)
     print(text, end="")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)

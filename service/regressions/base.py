@@ -48,6 +48,7 @@ class Finding:
     effect: float  # new / baseline - 1
     p_value: float
     baseline_indices: tuple[int, ...] = ()  # the runs the baseline was computed from
+    robust: bool = True  # it holds with any one bad run or bad pair among its slower runs left out
 
 
 def same_change(

@@ -24,7 +24,10 @@ into an earlier and a later level. The pass:
    several steps) into one finding, from the level before the first to the level after the last.
 
 Findings whose level rose by at least ``min_effect`` are reported, those whose slower level is
-shorter than ``edge_tail`` runs (as long as a bad pair) only from ``pair_ceiling`` (20 %) on.
+shorter than ``edge_tail`` runs (as long as a bad pair) only from ``pair_ceiling`` (20 %) on, and
+below that only when the slower level still clears ``min_effect`` at ``robust_alpha`` with any one
+of its runs or pair of consecutive runs left out (bad runs come alone and in pairs: near the end of
+a series, a bad pair next to an ordinary run of wander has the median of a step).
 The permutation generator is seeded, so a scan of the same data gives the same answer.
 """
 
@@ -44,6 +47,7 @@ from kernelfleet.service.regressions.segments import (
     level_shift,
     slow_side_holds,
     tame,
+    without_bad_stretch,
 )
 
 
@@ -63,6 +67,7 @@ class ChangePointDetector:
     edge_tail: int = 3  # the shortest slower level at the end (bad runs come alone and in pairs; a
     # step in the last one or two runs is the online detector's, settled by its re-runs)
     floor: float = 0.5
+    robust_alpha: float = 1e-2  # a finding without its worst bad run or pair (see _robust)
     prior: Prior = field(default_factory=Prior)
 
     def scan(self, runs: Sequence[RunPoint], min_effect: float) -> list[Finding]:
@@ -87,7 +92,7 @@ class ChangePointDetector:
             edge = self._edge_split(runs[a:b], raw[a:b], head, min_effect)
             if edge is not None and all(abs(c - (a + edge.tau)) > self.refine_runs for c, _ in cuts):
                 cuts.append((a + edge.tau, edge.p_value))
-        return self._findings(raw, sorted(cuts), min_effect)
+        return self._findings(runs, raw, sorted(cuts), min_effect)
 
     def _refine(self, x: np.ndarray, cuts: list[tuple[int, float]]) -> list[tuple[int, float]]:
         """Each cut moved (by at most ``refine_runs``, between its neighbours) to where the difference
@@ -128,7 +133,9 @@ class ChangePointDetector:
                 best = shift
         return best if best is not None and best.p_value < self.edge_alpha else None
 
-    def _findings(self, raw: np.ndarray, cuts: list[tuple[int, float]], min_effect: float) -> list[Finding]:
+    def _findings(
+        self, runs: Sequence[RunPoint], raw: np.ndarray, cuts: list[tuple[int, float]], min_effect: float
+    ) -> list[Finding]:
         """One finding per slowdown: consecutive slower cuts with short segments between them (a ramp
         cut into steps) merge into one, from the segment before the first to the one after the last."""
         bounds = [0] + [c for c, _ in cuts] + [len(raw)]
@@ -149,7 +156,9 @@ class ChangePointDetector:
             before, after = medians[i], medians[j + 1]
             effect = float(np.exp(after - before) - 1.0)
             short = bounds[j + 2] - bounds[j + 1] < self.edge_tail  # as long as a bad pair
-            if effect >= min_effect and not (short and effect < self.pair_ceiling):
+            a, b, c = bounds[i], bounds[i + 1], bounds[j + 2]
+            if effect >= min_effect and (effect >= self.pair_ceiling or (
+                    not short and self._robust(runs[a:c], raw[a:c], b - a, min_effect))):
                 findings.append(
                     Finding(
                         detector=self.name,
@@ -163,6 +172,17 @@ class ChangePointDetector:
                 )
             i = j + 1
         return findings
+
+    def _robust(self, runs: Sequence[RunPoint], x: np.ndarray, tau: int, min_effect: float) -> bool:
+        """Whether the level from ``tau`` on is still slower than the one before it by
+        ``min_effect`` (``robust_alpha``) with any bad run or bad pair among its runs left out:
+        bad runs come alone and in pairs, so near the end of a series a pair next to an ordinary
+        run of wander is no step."""
+        for rest, y in without_bad_stretch(runs, x, tau):
+            shift = level_shift(rest, tau, self.prior, y)
+            if shift.effect < min_effect or shift.p_value >= self.robust_alpha:
+                return False
+        return True
 
     def _best_split(
         self, x: np.ndarray, raw: np.ndarray, rng: np.random.Generator, min_effect: float

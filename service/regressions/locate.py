@@ -15,8 +15,10 @@ recorded changed (an attribute of :data:`.base.ATTRIBUTES`: MLX version, OS, dri
 config, worker) gets ``change_bonus`` nats of prior log-odds: a split where nothing changed wins only
 when the runs make it ``exp(change_bonus)`` times more likely. Where every run pair changed something
 (or none did) the prior is flat and the likelihood alone decides. Where the detector placed the
-alert gets ``stay_bonus`` nats, so a near tie does not move it. Tuned on the detector benchmark's
-seed 101 (``benchmarks/detector.py``).
+alert gets ``stay_bonus`` nats, so a near tie does not move it. The level before an alert starts
+after the latest improvement before it (as the online detector's baseline does): a regression soon
+after an improvement is placed against the improved level, not a median of both. Tuned on the
+detector benchmark's seed 101 (``benchmarks/detector.py``).
 """
 
 from __future__ import annotations
@@ -60,8 +62,12 @@ def locate(
     ]
     order = sorted(alerts)
     out: list[int] = []
+    from kernelfleet.service.regressions.step import StepDetector
+
+    improved = StepDetector().since_improvement
     for k, t in enumerate(order):
         lo = out[-1] if out else 0
+        lo += improved(runs[lo:t])  # the level before the change starts after an improvement
         hi = order[k + 1] if k + 1 < len(order) else len(x)
         best, best_ll = t, -np.inf
         for tau in range(max(lo + 1, t - radius), min(hi - 1, t + radius) + 1):

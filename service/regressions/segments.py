@@ -173,3 +173,21 @@ def slow_side_holds(
 def fast_side_holds(x: np.ndarray, shift: LevelShift, floor: float) -> bool:
     """Every run before ``tau`` is at least ``floor`` (relative) faster than the slower level."""
     return bool(np.all(x[: shift.tau] <= shift.after - np.log1p(floor)))
+
+
+def without_bad_stretch(
+    runs: Sequence[RunPoint], x: np.ndarray, tau: int, longest: int = 2
+) -> list[tuple[list[RunPoint], np.ndarray]]:
+    """``runs`` (and their log medians ``x``) with each stretch of 1 to ``longest`` consecutive
+    slower runs (from ``tau`` on) left out, as long as one slower run remains: what the slower level
+    rests on if that stretch was a bad run or a bad pair. Bad runs come alone and in pairs, so two
+    elevated runs must not confirm each other, nor a bad pair lift an ordinary run into a step."""
+    out = []
+    n = len(x)
+    for width in range(1, longest + 1):
+        for i in range(tau, n - width + 1):
+            if n - tau - width < 1:
+                continue
+            keep = [j for j in range(n) if not i <= j < i + width]
+            out.append(([runs[j] for j in keep], x[keep]))
+    return out

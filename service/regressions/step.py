@@ -25,14 +25,19 @@ one level against the same faster level (joint effect and joint p-value below
 ``confirm_alpha``), with the same every-run floor, so a 5 % step whose re-run lands at +2.5 % is
 still confirmed while a spike or a single bad run is not. Bad runs also come in pairs, so a joint
 finding on two slower runs alone (the suspect and one re-run) is not :meth:`StepDetector.settled`
-unless its effect is at least ``pair_ceiling``: the coordinator queues one more re-run, and the
-three are tested together.
+unless its effect is at least ``pair_ceiling``: the coordinator queues one more re-run, and so on
+until ``settle_runs`` (4) slower runs are tested together (a spike next to a bad pair is three odd
+runs in a row). Nor is one whose slower runs no longer make a step (``robust_alpha``)
+once any one run or pair of consecutive runs among them is left out (:attr:`.base.Finding.robust`):
+a bad pair must not lift an ordinary run of wander into a step, so the effect, not each run, has to
+clear ``min_effect`` without it. Such a suspect gets more re-runs, and at ``settle_max`` slower runs
+it is dismissed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -44,6 +49,7 @@ from kernelfleet.service.regressions.segments import (
     level_shift,
     may_hold,
     slow_side_holds,
+    without_bad_stretch,
 )
 
 
@@ -60,8 +66,11 @@ class StepDetector:
     confirm_alpha: float = 1.5e-3
     floor: float = 0.5  # every slower run is at least floor * min_effect above the faster level
     improvement: float = 0.05  # a faster level by this much restarts the baseline
-    settle_runs: int = 3  # slower runs (the suspect's and its re-runs) a confirmed step rests on ...
+    settle_runs: int = 4  # slower runs (the suspect's and its re-runs) a confirmed step rests on ...
     pair_ceiling: float = 0.20  # ... unless it is this large: bad runs come alone and in pairs
+    robust_alpha: float = 1e-2  # the step without its worst bad run or pair (see _robust)
+    bad_stretch: int = 2  # the longest stretch of consecutive bad runs left out (see _robust)
+    settle_max: int = 5  # slower runs after which a step that a bad stretch could make is dismissed
     prior: Prior = field(default_factory=Prior)
 
     def check(self, history: Sequence[RunPoint], new: RunPoint, min_effect: float) -> Finding | None:
@@ -100,7 +109,19 @@ class StepDetector:
         best = self._shift(runs, x, suspect.index - skip, min_effect)
         if best is None or best.p_value >= self.confirm_alpha:
             return None
-        return self._finding(best, skip)
+        robust = self._robust(runs, x, best.tau, min_effect)
+        if not robust and len(runs) - best.tau >= self.settle_max:
+            return None  # as many re-runs as a step gets, and still a bad stretch could make it
+        return replace(self._finding(best, skip), robust=robust)
+
+    def _robust(self, runs: Sequence[RunPoint], x: np.ndarray, tau: int, min_effect: float) -> bool:
+        """Whether the slower runs from ``tau`` on still make a step (``min_effect``, every-run
+        floor, ``robust_alpha``) with any bad run or bad pair among them left out."""
+        for rest, y in without_bad_stretch(runs, x, tau, self.bad_stretch):
+            shift = self._shift(rest, y, tau, min_effect)
+            if shift is None or shift.p_value >= self.robust_alpha:
+                return False
+        return True
 
     def shift_at(self, runs: Sequence[RunPoint], tau: int, min_effect: float) -> Finding | None:
         """The test :meth:`check` makes of one split, at ``tau``, with its gates: ``min_history``
@@ -113,10 +134,16 @@ class StepDetector:
     def settled(self, joint: Finding, runs: int) -> bool:
         """Whether a joint finding on ``runs`` runs (index of the first slower run to the newest,
         the re-run included) is enough to alert: at least ``settle_runs`` slower runs, or an effect
-        of ``pair_ceiling`` or more. Bad runs come alone and in pairs (a device's state lasts a run
-        or two), so two slower runs of a modest effect are what a bad pair looks like; the
-        coordinator asks for one more re-run instead."""
-        return runs >= self.settle_runs or joint.effect >= self.pair_ceiling
+        of ``pair_ceiling`` or more, and the step holds without any one bad run or bad pair among
+        them (:attr:`.base.Finding.robust`). Bad runs come alone and in pairs (a device's state
+        lasts a run or two), and a spike may land next to a pair, so two or three slower runs of a
+        modest effect are what odd runs look like; the coordinator asks for one more re-run
+        instead."""
+        return (runs >= self.settle_runs and joint.robust) or joint.effect >= self.pair_ceiling
+
+    def since_improvement(self, history: Sequence[RunPoint]) -> int:
+        """Where the baseline starts in ``history`` (see :meth:`_since_improvement`)."""
+        return self._since_improvement(history)
 
     def _since_improvement(self, history: Sequence[RunPoint]) -> int:
         """Where the baseline starts in ``history``: after the latest improvement (a faster level

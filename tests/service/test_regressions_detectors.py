@@ -162,9 +162,10 @@ def test_attribution_and_group_keys() -> None:
     assert attribute(a, b) == {"mlx_version": ["0.40.0", "0.41.0"]}
 
 
-def test_a_bad_pair_needs_a_third_run_which_a_step_passes_and_a_pair_does_not() -> None:
-    """Bad runs come alone and in pairs: two slower runs of +10 % reproduce a suspect but do not
-    settle it; a third run settles a step, and a third run back at the baseline dismisses a pair."""
+def test_odd_runs_in_a_row_need_a_fourth_run_which_a_step_passes_and_they_do_not() -> None:
+    """Bad runs come alone and in pairs, and a spike may land next to a pair: two or three slower
+    runs of +10 % reproduce a suspect but do not settle it; a fourth run settles a step, and a run
+    back at the baseline dismisses the odd runs."""
     step = base.online("step")
     history = series([100.0] * 10, seed=4)
     rng = np.random.default_rng(5)
@@ -173,13 +174,51 @@ def test_a_bad_pair_needs_a_third_run_which_a_step_passes_and_a_pair_does_not() 
     assert suspect is not None and suspect.index == 10
     joint = step.confirms([*history, first], suspect, second, MIN_EFFECT)
     assert joint is not None and not step.settled(joint, 2)
-    seen = [*history, first, second]
-    settled = step.confirms(seen, suspect, run(110.5, rng), MIN_EFFECT)
-    assert settled is not None and step.settled(settled, 3) and 0.08 < settled.effect < 0.12
-    assert step.confirms(seen, suspect, run(100.5, rng), MIN_EFFECT) is None  # it was a bad pair
+    third = run(110.5, rng)
+    joint = step.confirms([*history, first, second], suspect, third, MIN_EFFECT)
+    assert joint is not None and joint.robust and not step.settled(joint, 3)
+    seen = [*history, first, second, third]
+    settled = step.confirms(seen, suspect, run(109.8, rng), MIN_EFFECT)
+    assert settled is not None and step.settled(settled, 4) and 0.08 < settled.effect < 0.12
+    assert step.confirms(seen[:-1], suspect, run(100.5, rng), MIN_EFFECT) is None  # it was a bad pair
     # a large effect on two runs is no bad pair
     big = step.confirms([*history, run(130.0, rng)], suspect, run(131.0, rng), MIN_EFFECT)
     assert big is not None and step.settled(big, 2)
+
+
+def test_a_bad_pair_does_not_lift_an_ordinary_run_into_a_step() -> None:
+    """A bad pair (+8 %, +9 %) and then an ordinary run of wander (+3.8 %): jointly a step of
+    several percent on three runs, but not with the pair left out, so it is not settled; runs back
+    near the baseline then dismiss it. A 7 % step with one bad run among four runs settles."""
+    step = base.online("step")
+    history = series([100.0] * 10, seed=4)
+    rng = np.random.default_rng(5)
+    first, second, third = run(108.0, rng), run(109.0, rng), run(103.8, rng)
+    suspect = step.check(history, first, MIN_EFFECT)
+    assert suspect is not None and suspect.index == 10
+    seen = [*history, first, second]
+    joint = step.confirms(seen, suspect, third, MIN_EFFECT)
+    assert joint is not None and joint.effect > 0.05 and not joint.robust and not step.settled(joint, 3)
+    # the next runs are ordinary: at the most re-runs a step gets, the suspect is dismissed
+    seen += [third, run(101.0, rng)]
+    assert step.confirms(seen, suspect, run(100.5, rng), MIN_EFFECT) is None
+    # a 7 % step whose second run was bad (+15 %) is settled on four runs
+    first, bad, again = run(107.0, rng), run(115.0, rng), run(107.5, rng)
+    suspect = step.check(history, first, MIN_EFFECT)
+    assert suspect is not None
+    settled = step.confirms([*history, first, bad, again], suspect, run(106.8, rng), MIN_EFFECT)
+    assert settled is not None and settled.robust and step.settled(settled, 4)
+
+
+def test_the_scan_takes_no_bad_pair_at_the_end_for_a_step() -> None:
+    """The last three runs: a bad pair (+8 %, +12 %) and an ordinary run (+3.4 %). Their median is a
+    step of 8 %, but with the pair left out it is none; three runs at +6 % are one."""
+    from kernelfleet.service.regressions.changepoint import ChangePointDetector
+
+    scan = ChangePointDetector()
+    assert scan.scan(series([100.0] * 12 + [107.7, 112.1, 103.4], seed=0), MIN_EFFECT) == []
+    [found] = scan.scan(series([100.0] * 12 + [106.0, 107.0, 106.5], seed=1), MIN_EFFECT)
+    assert found.index == 12 and 0.04 < found.effect < 0.08
 
 
 def test_a_regression_soon_after_an_improvement_is_found() -> None:

@@ -39,11 +39,16 @@ def test_step_at_the_third_run_is_confirmed_and_alerted(coordinator: Any) -> Non
     worker = enroll(coordinator)
     confirm = run_leased_job(worker, make_report(SHAPE, 117.0, rng=rng, mlx="0.32.4"))
     assert confirm["kind"] == "confirm" and confirm["job_id"] == reg["confirm_job_id"]
-    # two slower runs of +18 % are what a bad pair looks like: one more re-run settles it
+    # two or three slower runs of +18 % are what a bad pair (and a spike next to it) looks like:
+    # two more re-runs settle it
     [waiting] = regressions(coordinator)
     assert waiting["status"] == "confirming" and waiting["confirm_job_id"] != reg["confirm_job_id"]
     again = run_leased_job(worker, make_report(SHAPE, 117.5, rng=rng, mlx="0.32.4"))
     assert again["kind"] == "confirm" and again["job_id"] == waiting["confirm_job_id"]
+    [waiting] = regressions(coordinator)
+    assert waiting["status"] == "confirming" and waiting["confirm_job_id"] != again["job_id"]
+    last = run_leased_job(worker, make_report(SHAPE, 117.8, rng=rng, mlx="0.32.4"))
+    assert last["kind"] == "confirm" and last["job_id"] == waiting["confirm_job_id"]
     [reg] = regressions(coordinator)
     assert reg["status"] == "open" and 0.15 < reg["effect"] < 0.2
     # the alert names the third run and the second as the pair around the change
@@ -77,7 +82,7 @@ def test_multi_chip_upgrade_is_one_grouped_alert_naming_the_versions(coordinator
     assert sorted(r["chip"] for r in suspects) == ["Apple M3 Max", "Apple M4 Pro"]
     for chip in ("Apple M3 Max", "Apple M4 Pro"):
         worker = enroll(coordinator, chip=chip)
-        for level in (1.115, 1.118):  # two re-runs: two slower runs alone may be a bad pair
+        for level in (1.115, 1.118, 1.116):  # three re-runs: three slower runs may be odd runs
             rerun = make_report(SHAPE, chips[chip] * level, rng=rng, mlx=versions[6], chip=chip)
             confirm = run_leased_job(worker, rerun)
             assert confirm["kind"] == "confirm"
@@ -110,9 +115,14 @@ def test_suspect_on_the_newest_run_survives_until_its_confirmation(coordinator: 
     assert still["id"] == reg["id"] and still["status"] == "confirming"
 
     worker = enroll(coordinator)
-    # the re-run lands at +4.6 %: with the suspect and the run stored since, one 5 % step
+    # the re-run lands at +4.6 %: with the suspect and the run stored since, three slower runs
+    # (as many as odd runs in a row): one more re-run, and the four are one 5 % step
     confirm = run_leased_job(worker, make_report(SHAPE, 52.3, rng=rng, mlx="0.32.4"))
     assert confirm["kind"] == "confirm" and confirm["job_id"] == reg["confirm_job_id"]
+    [waiting] = regressions(coordinator)
+    assert waiting["status"] == "confirming" and waiting["confirm_job_id"] != reg["confirm_job_id"]
+    again = run_leased_job(worker, make_report(SHAPE, 52.7, rng=rng, mlx="0.32.4"))
+    assert again["kind"] == "confirm" and again["job_id"] == waiting["confirm_job_id"]
     [done] = regressions(coordinator)
     assert done["id"] == reg["id"] and done["status"] == "open" and 0.04 < done["effect"] < 0.08
     assert done["cause"] == {"mlx_version": ["0.32.3", "0.32.4"]}
@@ -127,6 +137,8 @@ def test_a_slowdown_still_rising_extends_its_open_regression(coordinator: Any) -
     run_leased_job(worker, make_report(SHAPE, 110.5, rng=rng))
     regressions(coordinator)  # two slower runs of +10 %: one more re-run
     run_leased_job(worker, make_report(SHAPE, 110.2, rng=rng))
+    regressions(coordinator)  # three: one more
+    run_leased_job(worker, make_report(SHAPE, 110.4, rng=rng))
     [first] = regressions(coordinator, status="open")
     # two runs later the series is slower again: once confirmed, that moves the open alert's new
     # level instead of raising a second alert
@@ -135,6 +147,8 @@ def test_a_slowdown_still_rising_extends_its_open_regression(coordinator: Any) -
     run_leased_job(worker, make_report(SHAPE, 120.5, rng=rng))
     regressions(coordinator)
     run_leased_job(worker, make_report(SHAPE, 120.2, rng=rng))
+    regressions(coordinator)
+    run_leased_job(worker, make_report(SHAPE, 120.4, rng=rng))
     [still] = regressions(coordinator, status="open")
     assert still["id"] == first["id"] and still["new_median_us"] > first["new_median_us"] * 1.05
     assert still["effect"] > first["effect"] + 0.05
