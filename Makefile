@@ -11,9 +11,8 @@ PORT   ?= 8600
 PUBLIC_URL ?=
 PYTEST_ARGS ?=
 # pytest processes (pytest-xdist; 0 = one process). Each test file runs whole in one of them; most tests
-# wait (on servers, workers, Chromium) more than they compute: in 4 processes a fresh clone's run used
-# 1.1 of the 2-core host's cores (23 CPU-min in 21.5 min), so 6 suit it (README: Two commands).
-PYTEST_WORKERS ?= 6
+# wait on a coordinator subprocess, so 4 suit a 2-core host (README: Two commands).
+PYTEST_WORKERS ?= 4
 
 .DEFAULT_GOAL := help
 .PHONY: help venv run demo test test-full lint typecheck pytest bench-kernels bench-search bench-gpu bench-launch-floor bench-predict bench-cross-chip bench-dashboard bench-load bench-detector bench-profiles bench-profile-build bench-calibration clean test-metal-model test-metal
