@@ -245,10 +245,14 @@ def _refund_unconfirmed(session: Session) -> list[Transition]:
 
 def reap_expired(session: Session, base: float, cap: float) -> list[Transition]:
     """Requeue (with backoff) or kill every job whose confirmed lease has expired, and requeue unconfirmed
-    ones without spending their attempt. Runs in the caller's transaction."""
+    ones without spending their attempt. Runs in the caller's transaction.
+
+    Only confirmed leases are charged: an unconfirmed one that runs out between the refund and this
+    look (on SQLite each statement reads the clock anew) waits for the next pass's refund."""
     out = _refund_unconfirmed(session)
     expired = session.scalars(
-        select(Job).where(Job.state == JobState.leased, Job.lease_expires_at < db_now()).order_by(Job.id)
+        select(Job).where(Job.state == JobState.leased, Job.lease_confirmed.is_(True),
+                          Job.lease_expires_at < db_now()).order_by(Job.id)
     ).all()
     for job in expired:
         if job.lease_token is None:

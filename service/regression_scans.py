@@ -37,18 +37,25 @@ RUNNER = f"{socket.gethostname()}:{os.getpid()}"
 
 def enqueue(session: Session) -> tuple[RegressionScan, bool]:
     """Queue a scan, or join the queued one: (the scan, whether it was queued already). Runs in the
-    caller's write transaction."""
-    inserted = session.execute(
-        upsert_insert(session)(RegressionScan).values(status=QUEUED, requests=1)
-        .on_conflict_do_nothing(index_elements=["status"], index_where=RegressionScan.status == QUEUED)
-        .returning(RegressionScan.id)
-    ).scalar()
-    if inserted is None:  # one was queued already: this request joins it
-        session.execute(update(RegressionScan).where(RegressionScan.status == QUEUED)
-                        .values(requests=RegressionScan.requests + 1)
-                        .execution_options(synchronize_session=False))
-    scan = session.scalars(select(RegressionScan).where(RegressionScan.status == QUEUED)).one()
-    return scan, inserted is None
+    caller's write transaction. On PostgreSQL the queued scan that the insert found may start running
+    (claimed by a background loop) before this request joins it: the request then queues a new one."""
+    while True:
+        scan_id = session.execute(
+            upsert_insert(session)(RegressionScan).values(status=QUEUED, requests=1)
+            .on_conflict_do_nothing(index_elements=["status"], index_where=RegressionScan.status == QUEUED)
+            .returning(RegressionScan.id)
+        ).scalar()
+        joined = scan_id is None
+        if joined:  # one was queued already: this request joins it, unless it has started meanwhile
+            scan_id = session.execute(
+                update(RegressionScan).where(RegressionScan.status == QUEUED)
+                .values(requests=RegressionScan.requests + 1)
+                .returning(RegressionScan.id).execution_options(synchronize_session=False)
+            ).scalar()
+        if scan_id is not None:
+            scan = session.get(RegressionScan, scan_id, populate_existing=True)
+            assert scan is not None
+            return scan, joined
 
 
 def _claim(factory: sessionmaker[Session]) -> int | None:

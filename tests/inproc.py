@@ -21,6 +21,7 @@ import uvicorn
 from click.testing import CliRunner, Result
 
 from kernelfleet.service.app import create_app
+from kernelfleet.service.cli import KEEP_ALIVE
 from kernelfleet.service.settings import Settings
 
 
@@ -40,10 +41,12 @@ class ThreadServer:
 
     def start(self, timeout: float = 90.0) -> None:
         self.app = create_app(self.settings)
-        # log_config=None: uvicorn leaves the process's logging alone (no dictConfig per server)
+        # log_config=None: uvicorn leaves the process's logging alone (no dictConfig per server); idle
+        # keep-alive connections stay open as long as `kernelfleet serve` keeps them (uvicorn's 5 s
+        # default closed one as test_concurrency's client reused it: a reset request on a loaded host)
         server = uvicorn.Server(uvicorn.Config(self.app, host=self.settings.host, port=self.port,
                                                log_config=None, log_level="warning", lifespan="on",
-                                               timeout_graceful_shutdown=10))
+                                               timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE))
         started = threading.Event()
         original = server.startup
 

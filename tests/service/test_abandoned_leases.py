@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 from conftest import Coordinator
 from coordinator_helpers import complete, create_campaign, enroll, lease, shapes
+from prometheus_client.parser import text_string_to_metric_families
 
 FAST = {"KERNELFLEET_LEASE_CONFIRM_SECONDS": "1", "KERNELFLEET_REAPER_INTERVAL_SECONDS": "0.2",
         "KERNELFLEET_LEASE_POLL_SECONDS": "0.2"}
@@ -49,11 +50,26 @@ async def give_up_while_waiting(coordinator: Coordinator, tokens: list[str]) -> 
                 return 1
         return 0
 
+    before = lease_requests_ended(coordinator)
     tasks = [asyncio.create_task(one(t)) for t in tokens]
     gave_up = sum(await asyncio.gather(*tasks))
     await asyncio.to_thread(create_campaign, coordinator, shapes=shapes(JOBS))
-    await asyncio.sleep(3.0)  # the abandoned requests' long-polls are still running on the server
+    # the abandoned requests' long-polls are still running on the server: until each has ended there
+    # (the work woke it, or it saw its client gone), whatever it did with the work
+    deadline = time.monotonic() + 60.0  # a stall detector: they end within about a second
+    while (ended := await asyncio.to_thread(lease_requests_ended, coordinator)) < before + len(tokens):
+        assert time.monotonic() < deadline, f"{before + len(tokens) - ended} abandoned requests still running"
+        await asyncio.sleep(0.1)
     return gave_up
+
+
+def lease_requests_ended(coordinator: Coordinator) -> float:
+    """How many lease requests the coordinator has finished (its /metrics: an in-thread one counts
+    this process's)."""
+    r = httpx.get(coordinator.url + "/metrics", timeout=30.0)
+    assert r.status_code == 200, r.text
+    return sum(s.value for family in text_string_to_metric_families(r.text) for s in family.samples
+               if s.name == "kernelfleet_http_requests_total" and s.labels.get("route") == "/api/v1/leases")
 
 
 def test_abandoned_lease_requests_leave_nothing_leased(coordinator_factory: Any) -> None:

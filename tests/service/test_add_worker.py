@@ -50,6 +50,12 @@ def enroll(url: str, token: str, name: str) -> httpx.Response:
     )
 
 
+def admin_client(base: str) -> httpx.Client:
+    """The admin's client, 30 s a request as the suite's others: httpx's default 5 s read timeout
+    failed a fresh-clone run on a loaded host (POST /enroll-tokens)."""
+    return httpx.Client(base_url=base, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30.0)
+
+
 def test_cli_prints_install_and_enroll_commands_with_a_fresh_token(served: str) -> None:
     r = run_cli("admin", "add-worker", "--coordinator", served, "--admin-token", ADMIN)
     assert r.exit_code == 0, r.output
@@ -67,7 +73,7 @@ def test_cli_prints_install_and_enroll_commands_with_a_fresh_token(served: str) 
 
 
 def test_enroll_token_may_ask_read_token_may_not(served: str) -> None:
-    with httpx.Client(base_url=served + "/api/v1", headers={"Authorization": f"Bearer {ADMIN}"}) as admin:
+    with admin_client(served + "/api/v1") as admin:
         tokens = {
             s: admin.post("/tokens", json={"name": s, "scope": s}).json()["token"] for s in ("enroll", "read")
         }
@@ -96,7 +102,7 @@ def test_page_mints_a_token_for_an_enroller_and_shows_token_otherwise(served: st
     assert "--enroll-token TOKEN" in anonymous.text and "Sign in" in anonymous.text
     assert f"{PUBLIC}/downloads/{wheel_filename()}" in anonymous.text
     # (the login cookie is Secure with an https public URL: a bearer header here; test_tokens signs in)
-    signed_in = httpx.Client(base_url=served, headers={"Authorization": f"Bearer {ADMIN}"})
+    signed_in = admin_client(served)
     page = signed_in.get("/workers/add", params={"gpus": 2})
     assert page.status_code == 200
     (token,) = set(re.findall(r"--enroll-token (kfe_[\w-]+)", page.text))
@@ -175,7 +181,7 @@ def test_gpus_all_runs_one_enrolled_agent_per_gpu(served: str, tmp_path: Path) -
         "echo 'GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-b)'\n"
     )
     smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
-    with httpx.Client(base_url=served + "/api/v1", headers={"Authorization": f"Bearer {ADMIN}"}) as admin:
+    with admin_client(served + "/api/v1") as admin:
         token = admin.post("/enroll-tokens", json={"uses": 2}).json()["token"]
         env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
         env.update(PATH=f"{bin_dir}:{env['PATH']}", KERNELFLEET_ENROLL_TOKEN=token)

@@ -96,3 +96,49 @@ def test_backoff_grows_exponentially() -> None:
 
     assert [backoff_seconds(n, 5.0, 300.0) for n in (1, 2, 3, 4)] == [5.0, 10.0, 20.0, 40.0]
     assert backoff_seconds(20, 5.0, 300.0) == 300.0
+
+
+def test_a_lease_running_out_unconfirmed_mid_pass_is_refunded_not_charged(coordinator_factory: Any) -> None:
+    """An unconfirmed lease that runs out between a reaper pass's refund statement and its look for
+    expired leases (on SQLite each statement reads the clock anew) is not reaped as a vanished
+    worker's lease (an attempt spent, a backoff): the next pass refunds it. Before the fix this was
+    test_abandoned_leases failing now and then on SQLite: a job queued with 1 attempt spent."""
+    from sqlalchemy import event
+
+    from kernelfleet.service.db import make_engine, make_sessionmaker
+    from kernelfleet.service.reaper import reap_once
+    from kernelfleet.service.settings import Settings
+
+    # the server's own reaper stays out of the way: this test runs the passes
+    coordinator: Coordinator = coordinator_factory(KERNELFLEET_LEASE_CONFIRM_SECONDS="600",
+                                                   KERNELFLEET_REAPER_INTERVAL_SECONDS="3600")
+    create_campaign(coordinator)
+    _, token = enroll(coordinator)
+    with coordinator.client(token) as c:
+        got = lease(c, confirm=False)
+    assert got is not None
+    engine = make_engine(coordinator.db_url)
+    ran_out: list[str] = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def lease_runs_out(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        """Just before the pass looks for expired leases (after its refund), the lease runs out."""
+        looks = statement.lstrip().upper().startswith("SELECT") and "lease_expires_at <" in statement
+        if looks and not ran_out:
+            ran_out.append(statement)
+            cursor.connection.cursor().execute(
+                f"UPDATE jobs SET lease_expires_at = '2000-01-01 00:00:00' WHERE id = {int(got['job_id'])}")
+
+    settings = Settings(database_url=coordinator.db_url)
+    try:
+        factory = make_sessionmaker(engine)
+        assert reap_once(factory, settings) == []
+        assert ran_out, "the pass never looked for expired leases"
+        left = job(coordinator, got["job_id"])
+        assert (left["state"], left["attempts"]) == ("leased", 1), left  # left to the next pass
+        refunded = reap_once(factory, settings)
+        assert [(t.job_id, t.state.value, t.attempts) for t in refunded] == [(got["job_id"], "queued", 0)]
+    finally:
+        engine.dispose()
+    after = job(coordinator, got["job_id"])
+    assert (after["state"], after["attempts"], after["last_error"]) == ("queued", 0, None), after

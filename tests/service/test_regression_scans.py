@@ -5,6 +5,7 @@ that died is marked failed; a finished scan records what it found."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from coordinator_helpers import make_report
@@ -83,3 +84,26 @@ def test_a_scan_left_running_by_a_dead_process_is_failed(factory: sessionmaker[S
     by_id = {s.id: s for s in _scans(factory)}
     assert by_id[dead].status == "failed" and "interrupted" in (by_id[dead].error or "")
     assert by_id[fresh].status == "done"
+
+
+def test_a_request_whose_queued_scan_started_meanwhile_queues_anew(factory: sessionmaker[Session]) -> None:
+    """On PostgreSQL a request's insert may find the queued scan and the background loop claim it
+    (running) before the request joins it: the request then queues a new scan, as after a scan started,
+    not a 500 (the fuzz test met it: NoResultFound on POST /regressions/scan). The claim's commit is
+    played in the request's own connection, just before its join, as READ COMMITTED then sees it."""
+    from sqlalchemy import event
+
+    first, _ = _enqueue(factory)
+    claimed: list[str] = []
+
+    @event.listens_for(factory.kw["bind"], "before_cursor_execute")
+    def claim_meanwhile(conn: object, cursor: Any, statement: str, *_: object) -> None:
+        if not claimed and statement.lstrip().upper().startswith("UPDATE REGRESSION_SCANS"):
+            claimed.append(statement)
+            cursor.connection.cursor().execute("UPDATE regression_scans SET status = 'running'")
+
+    second, joined = _enqueue(factory)
+    assert claimed, "the request never tried to join the queued scan"
+    assert second != first and not joined
+    assert [(s.id, s.status, s.requests) for s in _scans(factory)] == \
+        [(first, "running", 1), (second, "queued", 1)]

@@ -122,11 +122,16 @@ def wait_for_charts(page: Any) -> None:
     )
 
 
-def shoot(opened: Opened, folder: Path, name: str, *, docs_name: str | None = None) -> Path:
-    """Save a full-page screenshot to ``folder`` (and to $KERNELFLEET_DOCS_SCREENSHOTS for the README)."""
+def shoot(opened: Opened, folder: Path, name: str) -> Path:
+    """Save a full-page screenshot to ``folder`` (for a failure's report)."""
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
     path = folder / f"{safe}.png"
     opened.page.screenshot(path=str(path), full_page=True)
-    if DOCS_DIR and docs_name:
-        opened.page.screenshot(path=str(Path(DOCS_DIR) / docs_name), full_page=True)
     return path
+
+
+def shoot_for_docs(opened: Opened, docs_name: str) -> None:
+    """Save a full-page screenshot as $KERNELFLEET_DOCS_SCREENSHOTS/``docs_name`` for the README; nothing
+    when that is unset (the tests' pages are checked by their assertions, not by pictures nobody reads)."""
+    if DOCS_DIR:
+        opened.page.screenshot(path=str(Path(DOCS_DIR) / docs_name), full_page=True)

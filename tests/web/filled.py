@@ -14,7 +14,6 @@ import hashlib
 import json
 import random
 import secrets
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,9 +23,9 @@ import httpx
 from conftest import (
     POSTGRES_URL,
     Coordinator,
+    MigratedTemplates,
     _create_pg_database,
     _drop_pg_database,
-    kernelfleet_cmd,
 )
 from sqlalchemy import insert, select
 
@@ -423,24 +422,19 @@ def _insert_regressions(filled: Filled) -> None:
         engine.dispose()
 
 
-def filled_coordinator(backend: str, workdir: Path, *, empty: bool = False, **env: str) -> Iterator[Filled]:
-    """A migrated database (SQLite file or a fresh PostgreSQL database), a running coordinator on it
-    (in-thread),
-    filled through the API (left empty with ``empty=True``). Same pattern as the ``coordinator``
-    fixture, for a module scope."""
+def filled_coordinator(backend: str, workdir: Path, templates: MigratedTemplates, *, empty: bool = False,
+                       **env: str) -> Iterator[Filled]:
+    """A migrated database (SQLite file or a fresh PostgreSQL database, a copy of ``templates``'
+    migrated one), a running coordinator on it (in-thread), filled through the API (left empty with
+    ``empty=True``). Same pattern as the ``coordinator`` fixture, for a module scope."""
     pg_name = None
     if backend == "sqlite":
         url = f"sqlite:///{workdir / 'kernelfleet.db'}"
+        templates.fill(url)
     else:
         assert POSTGRES_URL, "KERNELFLEET_TEST_POSTGRES_URL is not set"
-        pg_name, url = _create_pg_database()
+        pg_name, url = _create_pg_database(templates.template("postgres"))
     try:
-        subprocess.run(
-            kernelfleet_cmd("db", "upgrade", "--database-url", url),
-            check=True,
-            capture_output=True,
-            text=True,
-        )
         # the one leased job stays leased while a test module reads the pages (minutes on a busy host)
         env = {"KERNELFLEET_LEASE_SECONDS": "3600", **env}
         # in-thread (the app under uvicorn in this process): the pages' subject is not processes

@@ -9,14 +9,13 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, urlparse
 
 import httpx
 import pytest
-from browser import Opened, launch, open_page, shoot, wait_for_charts
-from conftest import BACKENDS
+from browser import Opened, launch, open_page, shoot_for_docs, wait_for_charts
+from conftest import BACKENDS, MigratedTemplates
 from filled import CHIPS, DRIFT, DTYPES, KERNELS, SHAPES, Filled, filled_coordinator
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -25,10 +24,12 @@ M3, H100, M2 = "Apple M3 Max", "NVIDIA H100 80GB HBM3", "Apple M2"
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
-def site(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Filled]:
+def site(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+         migrated_templates: MigratedTemplates) -> Iterator[Filled]:
     if request.param == "postgres":
         request.applymarker(pytest.mark.postgres)
-    yield from filled_coordinator(request.param, tmp_path_factory.mktemp(f"site-{request.param}"))
+    yield from filled_coordinator(request.param, tmp_path_factory.mktemp(f"site-{request.param}"),
+                                  migrated_templates)
 
 
 @pytest.fixture(scope="module")
@@ -36,15 +37,13 @@ def browser() -> Iterator[Any]:
     yield from launch()
 
 
-@pytest.fixture(scope="module")
-def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("screenshots")
-
-
-def visit(browser: Any, site: Filled, path: str, shots: Path, docs_name: str | None = None) -> Opened:
+def visit(browser: Any, site: Filled, path: str, docs_name: str | None = None) -> Opened:
+    """The page at ``path``, answered 200; saved as ``docs_name`` for the README when
+    $KERNELFLEET_DOCS_SCREENSHOTS names a folder."""
     opened = open_page(browser, site.url + path)
     assert opened.status == 200, f"{path}: HTTP {opened.status}\n{opened.text()[:500]}"
-    shoot(opened, shots, path.strip("/") or "fleet", docs_name=docs_name)
+    if docs_name:
+        shoot_for_docs(opened, docs_name)
     return opened
 
 
@@ -60,9 +59,9 @@ def trace(traces: list[dict[str, Any]], name: str) -> dict[str, Any]:
 
 
 def test_fleet_lists_workers_status_current_job_and_results_per_day(
-    browser: Any, site: Filled, shots: Path
+    browser: Any, site: Filled
 ) -> None:
-    page = visit(browser, site, "/", shots, docs_name="dashboard-fleet.png")
+    page = visit(browser, site, "/", docs_name="dashboard-fleet.png")
     rows = {r[0].split(" #")[0]: r for r in page.rows("workers")}
     assert set(rows) == set(site.workers)
     for name, w in site.workers.items():
@@ -97,8 +96,8 @@ def test_fleet_lists_workers_status_current_job_and_results_per_day(
     close(page)
 
 
-def test_chip_page_charts_series_per_kernel_and_shape(browser: Any, site: Filled, shots: Path) -> None:
-    page = visit(browser, site, "/chips/" + quote(M3, safe=""), shots, docs_name="dashboard-chip.png")
+def test_chip_page_charts_series_per_kernel_and_shape(browser: Any, site: Filled) -> None:
+    page = visit(browser, site, "/chips/" + quote(M3, safe=""), docs_name="dashboard-chip.png")
     tabs = page.page.eval_on_selector_all(
         "#kernel-tabs a", "as => as.map(a => a.firstChild.textContent.trim())"
     )
@@ -154,9 +153,9 @@ def test_chip_page_charts_series_per_kernel_and_shape(browser: Any, site: Filled
     close(page)
 
 
-def test_kernel_page_side_by_side_heatmap_and_golden_drift(browser: Any, site: Filled, shots: Path) -> None:
+def test_kernel_page_side_by_side_heatmap_and_golden_drift(browser: Any, site: Filled) -> None:
     latest = site.latest()
-    page = visit(browser, site, "/kernels/softmax", shots, docs_name="dashboard-kernel.png")
+    page = visit(browser, site, "/kernels/softmax", docs_name="dashboard-kernel.png")
     head = page.page.eval_on_selector_all(
         "table#side-by-side thead tr:first-child th[colspan]", "ths => ths.map(t => t.innerText.trim())"
     )
@@ -189,16 +188,16 @@ def test_kernel_page_side_by_side_heatmap_and_golden_drift(browser: Any, site: F
     assert all(v in ("identical", "within") for s, d, pair, v in verdicts if (s, d, pair) not in flagged)
     assert page.page.is_visible("#drift-banner")
     close(page)
-    page = visit(browser, site, "/kernels/rmsnorm?dtype=float32", shots)
+    page = visit(browser, site, "/kernels/rmsnorm?dtype=float32")
     assert not page.page.is_visible("#drift-banner")
     assert {r[1] for r in page.rows("side-by-side")} == {"float32"}
     close(page)
 
 
-def test_compare_two_chips_and_two_mlx_versions(browser: Any, site: Filled, shots: Path) -> None:
+def test_compare_two_chips_and_two_mlx_versions(browser: Any, site: Filled) -> None:
     latest = site.latest()
     page = visit(
-        browser, site, f"/compare?a={quote(M3)}&b={quote(H100)}", shots, docs_name="dashboard-compare.png"
+        browser, site, f"/compare?a={quote(M3)}&b={quote(H100)}", docs_name="dashboard-compare.png"
     )
     pairs = page.page.eval_on_selector_all(
         "table#compare-table tbody tr[data-shape]",
@@ -212,7 +211,7 @@ def test_compare_two_chips_and_two_mlx_versions(browser: Any, site: Filled, shot
     assert bars["y"] == sorted(KERNELS) and all(r < 1 for r in bars["x"])  # the H100 is faster everywhere
     close(page)
     # two MLX versions on one chip: the choice is made through the form, and the URL carries it
-    page = visit(browser, site, f"/compare?chip={quote(M3)}", shots)
+    page = visit(browser, site, f"/compare?chip={quote(M3)}")
     page.page.select_option("select[name=mlx_a]", "0.32.3")
     page.page.select_option("select[name=mlx_b]", "0.32.4")
     page.page.click("#compare-versions button[type=submit]")
@@ -237,8 +236,8 @@ def test_compare_two_chips_and_two_mlx_versions(browser: Any, site: Filled, shot
     close(page)
 
 
-def test_regressions_list_evidence_and_attribution(browser: Any, site: Filled, shots: Path) -> None:
-    page = visit(browser, site, "/regressions", shots, docs_name="dashboard-regressions.png")
+def test_regressions_list_evidence_and_attribution(browser: Any, site: Filled) -> None:
+    page = visit(browser, site, "/regressions", docs_name="dashboard-regressions.png")
     ids = [
         int(i)
         for i in page.page.eval_on_selector_all("article.regression", "as => as.map(a => a.dataset.id)")
@@ -278,7 +277,7 @@ def test_regressions_list_evidence_and_attribution(browser: Any, site: Filled, s
     link = page.page.locator(f"#regression-{site.regressions['m3']} a:has-text('regressions on 2 chips')")
     assert link.inner_text().startswith(f"{len(group_ids)} regressions")
     close(page)
-    page = visit(browser, site, "/regressions?status=acknowledged", shots)
+    page = visit(browser, site, "/regressions?status=acknowledged")
     card = page.page.locator(f"#regression-{site.regressions['h100']}")
     assert "thermal throttling on that host" in card.inner_text()
     assert "no attribute changed" in card.inner_text()
@@ -286,8 +285,8 @@ def test_regressions_list_evidence_and_attribution(browser: Any, site: Filled, s
     close(page)
 
 
-def test_campaigns_progress_states_and_failures(browser: Any, site: Filled, shots: Path) -> None:
-    page = visit(browser, site, "/campaigns", shots, docs_name="dashboard-campaigns.png")
+def test_campaigns_progress_states_and_failures(browser: Any, site: Filled) -> None:
+    page = visit(browser, site, "/campaigns", docs_name="dashboard-campaigns.png")
     rows = {r[1]: r for r in page.rows("campaigns")}
     assert set(rows) == set(site.campaigns)
     for name in site.campaigns:
@@ -300,7 +299,7 @@ def test_campaigns_progress_states_and_failures(browser: Any, site: Filled, shot
     failures = {int(r[0]): r for r in page.rows("failures")}
     assert failures[site.dead_job][4] == "dead" and failures[site.dead_job][6] == site.dead_error
     close(page)
-    page = visit(browser, site, f"/campaigns/{site.campaigns['rope on H100']}", shots)
+    page = visit(browser, site, f"/campaigns/{site.campaigns['rope on H100']}")
     counts = dict(
         page.page.eval_on_selector_all(
             "#state-counts a", "as => as.map(a => [a.dataset.state, +a.querySelector('b').innerText])"
@@ -315,8 +314,8 @@ def test_campaigns_progress_states_and_failures(browser: Any, site: Filled, shot
     close(page)
 
 
-def test_profiles_show_pull_commands(browser: Any, site: Filled, shots: Path) -> None:
-    page = visit(browser, site, "/profiles", shots, docs_name="dashboard-profiles.png")
+def test_profiles_show_pull_commands(browser: Any, site: Filled) -> None:
+    page = visit(browser, site, "/profiles", docs_name="dashboard-profiles.png")
     listed = {}
     for table in ("profiles", "no-profile"):
         if page.page.locator(f"table#{table}").count():
@@ -333,9 +332,9 @@ def test_profiles_show_pull_commands(browser: Any, site: Filled, shots: Path) ->
     close(page)
 
 
-def test_run_page_lists_every_trial(browser: Any, site: Filled, shots: Path) -> None:
+def test_run_page_lists_every_trial(browser: Any, site: Filled) -> None:
     p = site.latest()[(H100, "rmsnorm", "4096x4096", "float16")]
-    page = visit(browser, site, "/kernels/rmsnorm", shots)
+    page = visit(browser, site, "/kernels/rmsnorm")
     page.page.click(f"a[href='/runs/{p.result_id}']")
     page.page.wait_for_load_state("load")
     wait_for_charts(page.page)
@@ -377,7 +376,7 @@ def test_every_link_on_every_page_answers(site: Filled) -> None:
     assert len(seen) > 40
 
 
-def test_friendly_errors_for_unknown_ids_and_bad_filters(browser: Any, site: Filled, shots: Path) -> None:
+def test_friendly_errors_for_unknown_ids_and_bad_filters(browser: Any, site: Filled) -> None:
     cases = [
         ("/chips/Apple%20M9%20Ultra", 404, "no chip called 'Apple M9 Ultra'"),
         ("/kernels/flash_attention", 404, "no results for a kernel called 'flash_attention'"),
@@ -408,9 +407,9 @@ def test_friendly_errors_for_unknown_ids_and_bad_filters(browser: Any, site: Fil
         page.page.close()
 
 
-def test_acknowledge_needs_the_admin_token(browser: Any, site: Filled, shots: Path) -> None:
+def test_acknowledge_needs_the_admin_token(browser: Any, site: Filled) -> None:
     rid = site.regressions["m2"]
-    page = visit(browser, site, f"/regressions/{rid}", shots)
+    page = visit(browser, site, f"/regressions/{rid}")
     form = page.page.locator("form.ack")
     form.locator("input[name=note]").fill("known: MLX 0.32.4 rms_norm change, tracked upstream")
     form.locator("input[name=token]").fill(site.workers["mini-m2"]["token"])  # a worker token is refused

@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 import pytest
 from browser import launch, open_page, shoot
+from conftest import MigratedTemplates
 from filled import Filled, filled_coordinator, make_report
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -72,13 +73,15 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def empty_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Filled]:
-    yield from filled_coordinator("sqlite", tmp_path_factory.mktemp("empty"), empty=True)
+def empty_site(tmp_path_factory: pytest.TempPathFactory,
+               migrated_templates: MigratedTemplates) -> Iterator[Filled]:
+    yield from filled_coordinator("sqlite", tmp_path_factory.mktemp("empty"), migrated_templates, empty=True)
 
 
 @pytest.fixture(scope="module")
-def filled_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Filled]:
-    yield from filled_coordinator("sqlite", tmp_path_factory.mktemp("filled"))
+def filled_site(tmp_path_factory: pytest.TempPathFactory,
+                migrated_templates: MigratedTemplates) -> Iterator[Filled]:
+    yield from filled_coordinator("sqlite", tmp_path_factory.mktemp("filled"), migrated_templates)
 
 
 def check_pages(browser: Any, base: str, paths: list[str], shots: Path, ok_status: int = 200) -> None:
