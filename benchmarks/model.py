@@ -93,6 +93,7 @@ from kernelfleet.kernels.patch.model_build import (
     parse_dtype,
     quantized_config,
 )
+from kernelfleet.kernels.patch.model_quant import KERNEL as QUANTIZED
 from kernelfleet.kernels.patch.model_shapes import derive
 from kernelfleet.kernels.patch.model_timing import decode_s, prefill_s, primed, without_gc
 from kernelfleet.kernels.patch.paired import paired_speedup, verdict
@@ -235,10 +236,13 @@ def side_by_side(model: nn.Module, plan: Sides, measure: Callable[[nn.Module], f
 
 
 def op_seconds(kernel: str, shape: str, dtype: str, config: dict[str, Any], params: dict[str, Any],
-               launches: int) -> float:
+               launches: int, lead: tuple[int, ...] | None = None) -> float:
+    """Seconds per launch; ``lead``: the activations' leading dimensions, where not ``(M,)``."""
     spec = get_spec(kernel)
     dims = parse_shape(shape)
     inputs = spec.make_inputs(dims, dtype, 0)
+    if lead is not None:
+        inputs[0] = inputs[0].reshape(*lead, -1)
     mx.eval(inputs)
     mx.eval(runtime.run(kernel, inputs, dims, config, **params))
     best = float("inf")
@@ -265,14 +269,20 @@ def counts(model: nn.Module, keys: list, work: Callable[[], Any]) -> tuple[dict,
 
 
 def amdahl(model: nn.Module, keys: list, view: Any, work: Callable[[], Any], forward_s: float,
-           launches: int) -> str:
-    """``work``: one forward (a prefill, or one decode step on a primed cache), as timed in ``forward_s``."""
+           launches: int, lead: tuple[int, ...] | None = None) -> str:
+    """``work``: one forward (a prefill, or one decode step on a primed cache), as timed in ``forward_s``.
+    ``lead``: a decode step's ``(batch, 1)``, the leading dimensions stock's quantized layers hand MLX's op
+    (the patch hands it ``(M, K)``, faster on MLX 0.32's CUDA backend: ``kernels/patch/model_quant.py``)."""
     seen, params = counts(model, keys, work)
     builtin_s = tuned_s = 0.0
     for key, n in seen.items():
-        b = op_seconds(*key, dict(BUILTIN), params[key], launches)
+        stock_lead = lead if key[0] == QUANTIZED and lead is not None and lead[0] > 1 else None
+        b = op_seconds(*key, dict(BUILTIN), params[key], launches, stock_lead)
         choice = view.choice(key[0], parse_shape(key[1]), key[2])
-        t = op_seconds(*key, choice, params[key], launches) if choice else b
+        if choice:
+            t = op_seconds(*key, choice, params[key], launches)
+        else:
+            t = op_seconds(*key, dict(BUILTIN), params[key], launches) if stock_lead else b
         builtin_s += n * b
         tuned_s += n * t
     share = builtin_s / forward_s
@@ -389,7 +399,7 @@ def measure_model(model: nn.Module, keys: list, profile: Any, view: Any, args: a
         cache = primed(model, b, args.context)
         step = mx.zeros((b, 1), mx.int32)
         emit("    " + amdahl(model, keys, view, lambda c=cache, t=step: model(t, cache=c),
-                             statistics.median(times[STOCK]), args.launches))
+                             statistics.median(times[STOCK]), args.launches, (b, 1)))
 
 
 def main(argv: list[str] | None = None) -> int:
