@@ -17,9 +17,10 @@ free as long as A and B use the same one, so each word's values go in as the pai
 
 Axes (the config keys qmv uses too): ``rpw`` rows per warp, 16, 32 or 64 (``RT`` tiles of 16; x is read
 once per warp for all of them), ``tg`` threads in a block whose warps split K (a shared-memory sum at
-the end), ``unr`` chunks loaded before use (loads in flight); ``vw`` is 4 (16-byte loads). float16 and bfloat16 only: float32 activations would be rounded to 16 bits. Metal has
-no such path (``simdgroup_matrix`` would need the emulator to model it): the spec offers these
-configs to CUDA workers only.
+the end), ``unr`` chunks loaded before use (loads in flight); ``vw`` is 4 (16-byte loads). float16
+and bfloat16 only: float32 activations would be rounded to 16 bits. Metal has no such path
+(``simdgroup_matrix`` would need the emulator to model it): the spec offers these configs to CUDA
+workers only.
 """
 
 from __future__ import annotations
