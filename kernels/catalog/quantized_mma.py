@@ -1,5 +1,6 @@
 """Quantized matmul on the tensor cores (CUDA ``mma.sync``), for M = 1-32 tokens: the ``mma`` path of
-:mod:`.quantized_matmul_kernel`.
+:mod:`.quantized_matmul_kernel`, and, gathered, of :mod:`.gather_quantized_matmul_kernel` (mixture-of-experts
+pairs sorted by expert, any number, in tiles of 16 or 32: ``GATHER_SOURCE``).
 
 The weights are the mma's A operand (16 output features x 16 k), the tokens its B operand (16 k x 8
 tokens): ``out.T = W @ x.T``, so one A fragment serves up to 32 tokens (``NT`` n-tiles of 8), and a
@@ -26,7 +27,7 @@ workers only.
 from __future__ import annotations
 
 from ..common import mx_dtype
-from ..render.launch import KernelSource, Launch
+from ..render.launch import KernelSource, Launch, TemplateArg
 from ..spec import Config, Shape
 
 # The paired 16-bit arithmetic and the mma, per activation type (CUDA only; sm_80 and newer).
@@ -84,7 +85,11 @@ template <typename T> __device__ __forceinline__ unsigned int kf_dequant2(unsign
 }
 """
 
-BODY = r"""
+# The kernel is written once; a plain call and a gathered (mixture-of-experts) call differ only in where
+# a block's rows, tokens and expert come from. CORE computes one 16 * RT-row block of one expert's weights
+# (``wbase``, ``sbase``: the expert's first word and first scale) for the tokens of ``live`` (rows
+# ``t0 + tok`` of x and out).
+HEAD = r"""
   using P = kf_mma<T>;
   constexpr int PER = 32 / BITS;        // values per word
   constexpr int HP = PER / 2;           // 16-bit pairs per word
@@ -100,181 +105,263 @@ BODY = r"""
   const int warp = int(KF_WARP);
   const int g = lane >> 2;
   const int t = lane & 3;
-  const KF_SIZE row0 = KF_SIZE(KF_GROUP) * (16 * RT);
-  float acc[RT][NT][4];
-#pragma unroll
-  for (int r = 0; r < RT; ++r) {
+"""
+
+CORE = r"""
+    bool live_j[NT];  // this lane's token of each n-tile: in the call (gathered: and the expert's)
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        acc[r][j][e] = 0.0f;
-      }
+      live_j[j] = live(g + 8 * j);
     }
-  }
-  for (int c0 = warp * UNR; c0 < CHUNKS; c0 += SK * UNR) {
-    kf_vec<uint32_t, 4> wv[UNR][RT][2];
+    float acc[RT][NT][4];
 #pragma unroll
-    for (int u = 0; u < UNR; ++u) {
-      if (c0 + u < CHUNKS) {
+    for (int r = 0; r < RT; ++r) {
 #pragma unroll
-        for (int r = 0; r < RT; ++r) {
+      for (int j = 0; j < NT; ++j) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const KF_SIZE row = row0 + KF_SIZE(16 * r + g + 8 * h);
-            wv[u][r][h] = kf_vload<4>(wq, (row * WPR + KF_SIZE(c0 + u) * 16 + 4 * t) / 4);
-          }
+        for (int e = 0; e < 4; ++e) {
+          acc[r][j][e] = 0.0f;
         }
       }
     }
+    for (int c0 = warp * UNR; c0 < CHUNKS; c0 += SK * UNR) {
+      kf_vec<uint32_t, 4> wv[UNR][RT][2];
 #pragma unroll
-    for (int u = 0; u < UNR; ++u) {
-      if (c0 + u < CHUNKS) {
-        const int kb = (c0 + u) * CK + t * 4 * PER;  // this lane's first k of the chunk
-        uint32_t xp[NT][4][HP];
+      for (int u = 0; u < UNR; ++u) {
+        if (c0 + u < CHUNKS) {
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          const int tok = g + 8 * j;
-          uint32_t xw[XW];
-#pragma unroll
-          for (int v = 0; v < XW / 4; ++v) {
-            kf_vec<T, 8> xv;
-            if (tok < MR) {
-              xv = kf_vload<8>(x, (KF_SIZE(tok) * K + kb) / 8 + v);
-            } else {
-#pragma unroll
-              for (int e = 0; e < 8; ++e) {
-                xv.v[e] = T(0.0f);
-              }
-            }
-            memcpy(&xw[4 * v], &xv, 16);
-          }
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-#pragma unroll
-            for (int q = 0; q < HP; ++q) {
-              xp[j][i][q] = __byte_perm(xw[i * HP + q / 2], xw[i * HP + q / 2 + HP / 2],
-                                        (q & 1) ? 0x7632 : 0x5410);
-            }
-          }
-        }
-        const int grp = kb / GS;
-#pragma unroll
-        for (int r = 0; r < RT; ++r) {
-          float sf[2], bf[2];
-          uint32_t s2[2], b2[2];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const KF_SIZE row = row0 + KF_SIZE(16 * r + g + 8 * h);
-            sf[h] = float(scales[row * GPR + grp]);
-            bf[h] = float(biases[row * GPR + grp]);
-            s2[h] = P::splat(sf[h]);
-            b2[h] = P::splat(bf[h]);
-          }
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            uint32_t a[2][HP];
+          for (int r = 0; r < RT; ++r) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-              const uint32_t word = wv[u][r][h].v[i];
+              const KF_SIZE row = row0 + KF_SIZE(16 * r + g + 8 * h);
+              wv[u][r][h] = kf_vload<4>(wq, (wbase + row * WPR + KF_SIZE(c0 + u) * 16 + 4 * t) / 4);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < UNR; ++u) {
+        if (c0 + u < CHUNKS) {
+          const int kb = (c0 + u) * CK + t * 4 * PER;  // this lane's first k of the chunk
+          uint32_t xp[NT][4][HP];
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            const int tok = g + 8 * j;
+            uint32_t xw[XW];
+#pragma unroll
+            for (int v = 0; v < XW / 4; ++v) {
+              kf_vec<T, 8> xv;
+              if (live_j[j]) {
+                xv = kf_vload<8>(x, ((t0 + KF_SIZE(tok)) * K + kb) / 8 + v);
+              } else {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                  xv.v[e] = T(0.0f);
+                }
+              }
+              memcpy(&xw[4 * v], &xv, 16);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
 #pragma unroll
               for (int q = 0; q < HP; ++q) {
-                if (BITS == 4) {
-                  a[h][q] = kf_dequant2<T>(((word >> (4 * q)) & 0x000F000Fu) | P::MAGIC, s2[h], b2[h]);
-                } else {
-                  // 2^23 + code, minus 2^23: the code as a float without a conversion
-                  const uint32_t clo = (word >> (BITS * q)) & 0xFFu;
-                  const uint32_t chi = (word >> (BITS * (q + HP))) & 0xFFu;
-                  const float lo = KF_AS_FLOAT(clo | 0x4B000000u) - 8388608.0f;
-                  const float hi = KF_AS_FLOAT(chi | 0x4B000000u) - 8388608.0f;
-                  a[h][q] = P::pack(fmaf(lo, sf[h], bf[h]), fmaf(hi, sf[h], bf[h]));
+                xp[j][i][q] = __byte_perm(xw[i * HP + q / 2], xw[i * HP + q / 2 + HP / 2],
+                                          (q & 1) ? 0x7632 : 0x5410);
+              }
+            }
+          }
+          const int grp = kb / GS;
+#pragma unroll
+          for (int r = 0; r < RT; ++r) {
+            float sf[2], bf[2];
+            uint32_t s2[2], b2[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const KF_SIZE row = row0 + KF_SIZE(16 * r + g + 8 * h);
+              sf[h] = float(scales[sbase + row * GPR + grp]);
+              bf[h] = float(biases[sbase + row * GPR + grp]);
+              s2[h] = P::splat(sf[h]);
+              b2[h] = P::splat(bf[h]);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              uint32_t a[2][HP];
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const uint32_t word = wv[u][r][h].v[i];
+#pragma unroll
+                for (int q = 0; q < HP; ++q) {
+                  if (BITS == 4) {
+                    a[h][q] = kf_dequant2<T>(((word >> (4 * q)) & 0x000F000Fu) | P::MAGIC, s2[h], b2[h]);
+                  } else {
+                    // 2^23 + code, minus 2^23: the code as a float without a conversion
+                    const uint32_t clo = (word >> (BITS * q)) & 0xFFu;
+                    const uint32_t chi = (word >> (BITS * (q + HP))) & 0xFFu;
+                    const float lo = KF_AS_FLOAT(clo | 0x4B000000u) - 8388608.0f;
+                    const float hi = KF_AS_FLOAT(chi | 0x4B000000u) - 8388608.0f;
+                    a[h][q] = P::pack(fmaf(lo, sf[h], bf[h]), fmaf(hi, sf[h], bf[h]));
+                  }
+                }
+              }
+#pragma unroll
+              for (int s = 0; s < SPW; ++s) {
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                  P::mma(acc[r][j], a[0][2 * s], a[1][2 * s], a[0][2 * s + 1], a[1][2 * s + 1],
+                         xp[j][i][2 * s], xp[j][i][2 * s + 1]);
                 }
               }
             }
+          }
+        }
+      }
+    }
+    // acc[r][j]: rows (g, g, g+8, g+8) x tokens (2t, 2t+1, 2t, 2t+1) of row tile r, n-tile j
+    constexpr int NV = RT * NT * 4;
+    if (SK > 1) {
+      KF_SHARED float red[SK][NV][32];
 #pragma unroll
-            for (int s = 0; s < SPW; ++s) {
+      for (int r = 0; r < RT; ++r) {
 #pragma unroll
-              for (int j = 0; j < NT; ++j) {
-                P::mma(acc[r][j], a[0][2 * s], a[1][2 * s], a[0][2 * s + 1], a[1][2 * s + 1],
-                       xp[j][i][2 * s], xp[j][i][2 * s + 1]);
-              }
+        for (int j = 0; j < NT; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            red[warp][(r * NT + j) * 4 + e][lane] = acc[r][j][e];
+          }
+        }
+      }
+      KF_BARRIER;
+      for (int idx = warp; idx < NV; idx += SK) {
+        float v = 0.0f;
+        for (int w = 0; w < SK; ++w) {
+          v += red[w][idx][lane];
+        }
+        const int r = idx / (NT * 4);
+        const int j = (idx / 4) % NT;
+        const int e = idx % 4;
+        const int tok = 8 * j + 2 * t + (e & 1);
+        if (live(tok)) {
+          out[(t0 + KF_SIZE(tok)) * N + row0 + KF_SIZE(16 * r + g + 8 * (e >> 1))] = T(v);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < RT; ++r) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int tok = 8 * j + 2 * t + (e & 1);
+            if (live(tok)) {
+              out[(t0 + KF_SIZE(tok)) * N + row0 + KF_SIZE(16 * r + g + 8 * (e >> 1))] = T(acc[r][j][e]);
             }
           }
         }
       }
     }
-  }
-  // acc[r][j]: rows (g, g, g+8, g+8) x tokens (2t, 2t+1, 2t, 2t+1) of row tile r, n-tile j
-  constexpr int NV = RT * NT * 4;
-  if (SK > 1) {
-    KF_SHARED float red[SK][NV][32];
-#pragma unroll
-    for (int r = 0; r < RT; ++r) {
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          red[warp][(r * NT + j) * 4 + e][lane] = acc[r][j][e];
-        }
-      }
-    }
-    KF_BARRIER;
-    for (int idx = warp; idx < NV; idx += SK) {
-      float v = 0.0f;
-      for (int w = 0; w < SK; ++w) {
-        v += red[w][idx][lane];
-      }
-      const int r = idx / (NT * 4);
-      const int j = (idx / 4) % NT;
-      const int e = idx % 4;
-      const int tok = 8 * j + 2 * t + (e & 1);
-      if (tok < MR) {
-        out[KF_SIZE(tok) * N + row0 + KF_SIZE(16 * r + g + 8 * (e >> 1))] = T(v);
-      }
-    }
-  } else {
-#pragma unroll
-    for (int r = 0; r < RT; ++r) {
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int tok = 8 * j + 2 * t + (e & 1);
-          if (tok < MR) {
-            out[KF_SIZE(tok) * N + row0 + KF_SIZE(16 * r + g + 8 * (e >> 1))] = T(acc[r][j][e]);
-          }
-        }
-      }
-    }
-  }
 """
 
+PLAIN = r"""
+  const KF_SIZE row0 = KF_SIZE(KF_GROUP) * (16 * RT);
+  const KF_SIZE t0 = 0;
+  {
+    const KF_SIZE wbase = 0;
+    const KF_SIZE sbase = 0;
+    auto live = [&](int tok) { return tok < MR; };
+"""
+
+# Gathered: the grid is (row blocks) x (tiles of MR pairs); pairs come sorted by expert, so a tile holds a
+# run of experts, and the block computes each one present (a tile inside one expert's run: one pass).
+GATHERED = r"""
+  constexpr int RB = N / (16 * RT);
+  const KF_SIZE row0 = KF_SIZE(int(KF_GROUP) % RB) * (16 * RT);
+  const KF_SIZE t0 = KF_SIZE(int(KF_GROUP) / RB) * MR;
+  const int tn = TOKENS - int(t0) < MR ? TOKENS - int(t0) : MR;  // the pairs of this tile
+  const uint32_t last = indices[t0 + tn - 1];
+  for (uint32_t ex = indices[t0];;) {
+    const KF_SIZE wbase = KF_SIZE(ex) * N * WPR;
+    const KF_SIZE sbase = KF_SIZE(ex) * N * GPR;
+    auto live = [&](int tok) { return tok < tn && indices[t0 + tok] == ex; };
+"""
+
+GATHERED_NEXT = r"""
+    if (ex == last) {
+      break;
+    }
+    uint32_t next = last;  // the tile's next expert: the first pair past this one (sorted)
+    for (int i = 0; i < tn; ++i) {
+      if (indices[t0 + i] > ex) {
+        next = indices[t0 + i];
+        break;
+      }
+    }
+    ex = next;
+    if (SK > 1) {
+      KF_BARRIER;  // the split-K buffer is filled again for the next expert
+    }
+"""
+
+BODY = HEAD + PLAIN + CORE + "  }\n"
+GATHER_BODY = HEAD + GATHERED + CORE + GATHERED_NEXT + "  }\n"
+
 SOURCE = KernelSource("qmm_mma", BODY, ("x", "wq", "scales", "biases"), ("out",), header=HEADER)
+GATHER_SOURCE = KernelSource("gather_qmm_mma", GATHER_BODY, ("x", "wq", "scales", "biases", "indices"),
+                             ("out",), header=HEADER)
 
 MAX_M = 32
 DTYPES = ("float16", "bfloat16")
 RTS = (1, 2, 4)
 TGS = (32, 64, 128, 256)
 UNRS = (1, 2)
+GATHER_TILES = (16, 32)  # pairs a block of the gathered kernel takes
 MAX_SHARED_FLOATS = 8192  # the split-K sum's buffer: 32 KB of the 48 KB a block may declare
+
+
+def _axes(k: int, n: int, bits: int, tokens: int, dtype: str) -> list[tuple[int, int, int]]:
+    """(row tiles, threads, chunks in flight) valid for ``tokens`` tokens a block (none where the path
+    does not apply)."""
+    if dtype not in DTYPES or k % (16 * (32 // bits)):
+        return []
+    chunks = k // (16 * (32 // bits))
+    nt = -(-tokens // 8)
+    return [(rt, tg, unr) for rt in RTS for tg in TGS for unr in UNRS
+            if n % (16 * rt) == 0 and (tg // 32) * unr <= chunks
+            and (tg // 32) * rt * nt * 4 * 32 <= MAX_SHARED_FLOATS]
 
 
 def space(shape: Shape, dtype: str) -> list[Config]:
     """The mma path's configs at ``shape`` (M x K x N x bits x group): none where it does not apply."""
     m, k, n, bits, _group = shape
-    if m > MAX_M or dtype not in DTYPES or k % (16 * (32 // bits)):
+    if m > MAX_M:
         return []
-    chunks = k // (16 * (32 // bits))
-    nt = -(-m // 8)
     return [{"path": "mma", "rpw": 16 * rt, "vw": 4, "tg": tg, "unr": unr}
-            for rt in RTS for tg in TGS for unr in UNRS
-            if n % (16 * rt) == 0 and (tg // 32) * unr <= chunks
-            and (tg // 32) * rt * nt * 4 * 32 <= MAX_SHARED_FLOATS]
+            for rt, tg, unr in _axes(k, n, bits, m, dtype)]
+
+
+def gather_space(shape: Shape, dtype: str) -> list[Config]:
+    """The gathered path's configs at ``shape`` (T x K x N x E x bits x group): ``mt`` pairs a block."""
+    t, k, n, _e, bits, _group = shape
+    return [{"path": "mma", "rpw": 16 * rt, "vw": 4, "tg": tg, "unr": unr, "mt": mt}
+            for mt in GATHER_TILES if mt <= max(t, GATHER_TILES[0])
+            for rt, tg, unr in _axes(k, n, bits, mt, dtype)]
+
+
+def _template(config: Config, dtype: str, k: int, n: int, bits: int, group: int, tokens: int
+              ) -> tuple[TemplateArg, ...]:
+    return (("T", mx_dtype(dtype)), ("K", k), ("N", n), ("BITS", bits), ("GS", group), ("MR", tokens),
+            ("RT", int(config["rpw"]) // 16), ("TG", int(config["tg"])), ("UNR", int(config["unr"])))
 
 
 def launch(config: Config, shape: Shape, dtype: str) -> Launch:
     m, k, n, bits, group = shape
-    rt, tg, unr = int(config["rpw"]) // 16, int(config["tg"]), int(config["unr"])
-    template = (("T", mx_dtype(dtype)), ("K", k), ("N", n), ("BITS", bits), ("GS", group), ("MR", m),
-                ("RT", rt), ("TG", tg), ("UNR", unr))
-    return Launch(((n // (16 * rt)) * tg, 1, 1), (tg, 1, 1), template)
+    tg = int(config["tg"])
+    return Launch(((n // int(config["rpw"])) * tg, 1, 1), (tg, 1, 1),
+                  _template(config, dtype, k, n, bits, group, m))
+
+
+def gather_launch(config: Config, shape: Shape, dtype: str) -> Launch:
+    t, k, n, _e, bits, group = shape
+    tg, mt = int(config["tg"]), int(config["mt"])
+    blocks = (n // int(config["rpw"])) * -(-t // mt)
+    return Launch((blocks * tg, 1, 1), (tg, 1, 1),
+                  (*_template(config, dtype, k, n, bits, group, mt), ("TOKENS", t)))
