@@ -91,13 +91,14 @@ def test_enroll_token_may_ask_read_token_may_not(served: str) -> None:
         and "a read token is not accepted" in refused.output
     )
     bad = httpx.post(
-        served + "/api/v1/workers/add", json={"gpus": 0}, headers={"Authorization": f"Bearer {ADMIN}"}
+        served + "/api/v1/workers/add", json={"gpus": 0}, headers={"Authorization": f"Bearer {ADMIN}"},
+        timeout=30.0,
     )
     assert bad.status_code == 422 and isinstance(bad.json()["detail"], str)
 
 
 def test_page_mints_a_token_for_an_enroller_and_shows_token_otherwise(served: str) -> None:
-    anonymous = httpx.get(served + "/workers/add")
+    anonymous = httpx.get(served + "/workers/add", timeout=30.0)
     assert anonymous.status_code == 200 and anonymous.headers["cache-control"] == "no-store"
     assert "--enroll-token TOKEN" in anonymous.text and "Sign in" in anonymous.text
     assert f"{PUBLIC}/downloads/{wheel_filename()}" in anonymous.text
@@ -116,7 +117,7 @@ def test_page_mints_a_token_for_an_enroller_and_shows_token_otherwise(served: st
 
 def test_a_loopback_public_url_is_called_out(migrated_db_url: str) -> None:
     with serve_in_thread(fast_settings(migrated_db_url)) as (url, _):
-        page = httpx.get(url + "/workers/add")
+        page = httpx.get(url + "/workers/add", timeout=30.0)
         r = run_cli("admin", "add-worker", "--coordinator", url, "--admin-token", ADMIN)
     text = " ".join(re.sub(r"<[^>]+>", " ", page.text).split()).replace("&#39;", "'")
     for said in (text, " ".join(r.output.split())):
@@ -128,11 +129,12 @@ def test_a_loopback_public_url_is_called_out(migrated_db_url: str) -> None:
 
 def test_the_coordinator_serves_its_own_wheel(served: str) -> None:
     name = wheel_filename()
-    r = httpx.get(f"{served}/downloads/{name}")
+    r = httpx.get(f"{served}/downloads/{name}", timeout=30.0)
     assert r.status_code == 200 and r.headers["content-type"] == "application/zip"
     assert r.headers["etag"] == f'"{hashlib.sha256(r.content).hexdigest()}"'
     assert (
-        httpx.get(f"{served}/downloads/{name}", headers={"If-None-Match": r.headers["etag"]}).status_code
+        httpx.get(f"{served}/downloads/{name}", headers={"If-None-Match": r.headers["etag"]},
+                  timeout=30.0).status_code
         == 304
     )
     wheel = zipfile.ZipFile(io.BytesIO(r.content))
@@ -152,7 +154,7 @@ def test_the_coordinator_serves_its_own_wheel(served: str) -> None:
     assert "kernelfleet = kernelfleet.worker.cli:main" in wheel.read(f"{info}/entry_points.txt").decode()
     record = wheel.read(f"{info}/RECORD").decode().splitlines()
     assert len(record) == len(names) and f"{info}/RECORD,," in record
-    missing = httpx.get(f"{served}/downloads/kernelfleet-9.9.9-py3-none-any.whl")
+    missing = httpx.get(f"{served}/downloads/kernelfleet-9.9.9-py3-none-any.whl", timeout=30.0)
     assert missing.status_code == 404 and name in missing.json()["detail"]
 
 

@@ -134,7 +134,7 @@ def test_idle_lease_polls_stay_out_of_the_access_log(coordinator: Coordinator) -
     with coordinator.client(token) as w:
         for _ in range(5):
             assert w.post("/leases", json={}).status_code == 204
-    httpx.get(coordinator.url + "/healthz")
+    httpx.get(coordinator.url + "/healthz", timeout=30.0)
     time.sleep(0.5)
     logs = coordinator.logs()
     assert '"GET /healthz HTTP/1.1" 200' in logs  # the access log is on

@@ -62,9 +62,9 @@ def assert_json_error(r: httpx.Response, status: int) -> str:
 
 
 def test_unwritable_store_is_degraded_and_writes_get_json_503(coordinator: Coordinator) -> None:
-    assert httpx.get(coordinator.url + "/healthz").json()["database"] == "ok"
+    assert httpx.get(coordinator.url + "/healthz", timeout=30.0).json()["database"] == "ok"
     with unwritable(coordinator):
-        health = httpx.get(coordinator.url + "/healthz")
+        health = httpx.get(coordinator.url + "/healthz", timeout=30.0)
         assert health.status_code == 503
         assert health.json()["status"] == "degraded" and health.json()["database"] == "read-only"
         with coordinator.admin() as admin:
@@ -72,8 +72,8 @@ def test_unwritable_store_is_degraded_and_writes_get_json_503(coordinator: Coord
             r = admin.post("/enroll-tokens", json={})
             assert "database is unavailable" in assert_json_error(r, 503)
             assert r.headers["retry-after"] == "5"
-        assert httpx.get(coordinator.url + "/").status_code == 200  # the fleet page only reads
-    assert httpx.get(coordinator.url + "/healthz").status_code == 200
+        assert httpx.get(coordinator.url + "/", timeout=30.0).status_code == 200  # the fleet page only reads
+    assert httpx.get(coordinator.url + "/healthz", timeout=30.0).status_code == 200
     with coordinator.admin() as admin:
         assert admin.post("/enroll-tokens", json={}).status_code == 201
 
@@ -86,17 +86,17 @@ def test_vanished_database_is_json_503_and_html_503(coordinator: Coordinator) ->
     cut = f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
     _admin_sql(cut, f'ALTER DATABASE "{name}" RENAME TO "{name}_gone"')
     try:
-        health = httpx.get(coordinator.url + "/healthz")
+        health = httpx.get(coordinator.url + "/healthz", timeout=30.0)
         assert health.status_code == 503 and health.json()["database"] == "unreachable"
         with coordinator.admin() as admin:
             assert_json_error(admin.get("/workers"), 503)
             assert_json_error(admin.post("/enroll-tokens", json={}), 503)
-        page = httpx.get(coordinator.url + "/")
+        page = httpx.get(coordinator.url + "/", timeout=30.0)
         assert page.status_code == 503 and page.headers["content-type"].startswith("text/html")
         assert "Database unavailable" in page.text
     finally:
         _admin_sql(f'ALTER DATABASE "{name}_gone" RENAME TO "{name}"')
-    assert httpx.get(coordinator.url + "/healthz").status_code == 200
+    assert httpx.get(coordinator.url + "/healthz", timeout=30.0).status_code == 200
     with coordinator.admin() as admin:
         assert admin.get("/workers").status_code == 200
 

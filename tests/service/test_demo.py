@@ -36,7 +36,7 @@ def test_demo_fills_two_gpu_chips_and_queues_this_machine_s_cpu(served: str) -> 
     reports = demo.load([RESULTS / "h100_tuning.jsonl", RESULTS / "h200_tuning.jsonl"])
     imported, chips, queued = demo.fill(served, ADMIN, reports)
     assert (imported, chips, queued) == (len(reports), ["NVIDIA H100 80GB HBM3", "NVIDIA H200"], True)
-    page = httpx.get(served + "/chips").text
+    page = httpx.get(served + "/chips", timeout=30.0).text
     assert "NVIDIA H100 80GB HBM3" in page and "NVIDIA H200" in page and 'id="cpu-note"' not in page
     with httpx.Client(base_url=served + "/api/v1", headers={"Authorization": f"Bearer {ADMIN}"}) as admin:
         (campaign,) = admin.get("/campaigns").json()
@@ -50,11 +50,11 @@ def test_a_cpu_only_dashboard_points_to_the_gpu_reports(served: str) -> None:
     with httpx.Client(base_url=served + "/api/v1", headers={"Authorization": f"Bearer {ADMIN}"}) as admin:
         assert admin.post("/results/import", json={"reports": [cpu]}).status_code == 201
         for path in ("/", "/chips", "/chips/Intel%20Xeon%20Platinum%208480"):
-            page = httpx.get(served + path).text
+            page = httpx.get(served + path, timeout=30.0).text
             assert 'id="cpu-note"' in page and "make demo" in page and "every speedup is 1.00x" in page, path
         assert admin.post("/results/import", json={"reports": [make_report()]}).status_code == 201  # a GPU
-    assert 'id="cpu-note"' not in httpx.get(served + "/").text
-    assert 'id="cpu-note"' in httpx.get(served + "/chips/Intel%20Xeon%20Platinum%208480").text
+    assert 'id="cpu-note"' not in httpx.get(served + "/", timeout=30.0).text
+    assert 'id="cpu-note"' in httpx.get(served + "/chips/Intel%20Xeon%20Platinum%208480", timeout=30.0).text
 
 
 def test_demo_without_reports_says_where_they_are(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -101,6 +101,9 @@ def test_schemathesis_finds_no_server_errors_or_schema_violations(coordinator_fa
     st = Path(sys.executable).parent / "st"
     cmd = [str(st), "--config-file", str(tmp_path / "schemathesis.toml"), "run",
            f"{coordinator.url}/openapi.json", "--checks", CHECKS, "--exclude-checks", EXCLUDED_CHECKS,
+           # how fast Hypothesis generates cases is not under test: on a loaded host its too_slow health
+           # check failed POST /results/import's generation (a CI run, 2026-11-28)
+           "--suppress-health-check", "too_slow",
            "--max-examples", str(examples),
            "--seed", str(seed), "--workers", "1", "--no-color", "--output-truncate", "false",
            "--report", "junit", "--report-dir", str(tmp_path / "report")]

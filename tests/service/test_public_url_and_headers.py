@@ -45,7 +45,8 @@ def test_default_public_url_is_the_listening_address(coordinator: Coordinator) -
 def test_login_cookie_is_secure_behind_an_https_public_url(coordinator_factory) -> None:  # type: ignore[no-untyped-def]
     coordinator: Coordinator = coordinator_factory(KERNELFLEET_PUBLIC_URL="https://fleet.example.org",
                                                    KERNELFLEET_DASHBOARD_PUBLIC="false")
-    r = httpx.post(coordinator.url + "/login", data={"token": coordinator.admin_token, "next": "/"})
+    r = httpx.post(coordinator.url + "/login", data={"token": coordinator.admin_token, "next": "/"},
+                   timeout=30.0)
     assert r.status_code == 303
     cookie = r.headers["set-cookie"].lower()
     assert "httponly" in cookie and "secure" in cookie and "samesite=strict" in cookie

@@ -92,7 +92,7 @@ def test_local_mode_generates_an_admin_token_once_and_keeps_it(tmp_path: Path) -
 
     proc, url = _serve(tmp_path)
     try:
-        r = httpx.get(url + "/api/v1/workers", headers={"Authorization": f"Bearer {token}"})
+        r = httpx.get(url + "/api/v1/workers", headers={"Authorization": f"Bearer {token}"}, timeout=30.0)
         assert r.status_code == 200 and r.json() == []
         # the admin CLI finds the local token by itself
         listed = run_cli("admin", "workers", "list", "--coordinator", url,
@@ -221,11 +221,12 @@ def test_local_worker_is_started_and_stopped_with_the_server(tmp_path: Path) -> 
     assert run_cli("db", "upgrade", "--database-url", f"sqlite:///{tmp_path / 'k.db'}").returncode == 0
     proc, url = _serve(tmp_path, "--local-worker")
     token = (tmp_path / "admin_token").read_text().strip()
+    auth = {"Authorization": f"Bearer {token}"}
     try:
         deadline = time.monotonic() + 60
         workers: list[dict[str, object]] = []
         while time.monotonic() < deadline and not workers:
-            workers = httpx.get(url + "/api/v1/workers", headers={"Authorization": f"Bearer {token}"}).json()
+            workers = httpx.get(url + "/api/v1/workers", headers=auth, timeout=30.0).json()
             time.sleep(0.2)
         assert len(workers) == 1, "the local worker enrolled itself"
         # serve runs the background loop in one process of its own, named so `ps` and bench-load tell it
@@ -251,7 +252,7 @@ def test_local_worker_is_started_and_stopped_with_the_server(tmp_path: Path) -> 
     proc, url = _serve(tmp_path, "--local-worker")
     try:
         time.sleep(3)
-        workers = httpx.get(url + "/api/v1/workers", headers={"Authorization": f"Bearer {token}"}).json()
+        workers = httpx.get(url + "/api/v1/workers", headers=auth, timeout=30.0).json()
         assert len(workers) == 1
     finally:
         _stop(proc)

@@ -92,6 +92,7 @@ def test_regressions_without_a_worker_of_their_chip_are_confirmed_or_raised_and_
         enrolled = httpx.post(
             url + "/api/v1/workers/enroll",
             json={"enrollment_token": token, "name": "mac", "chip": m3[0], "backend": "metal"},
+            timeout=30.0,
         )
         assert enrolled.status_code == 201
         imported(m3, "2048x4096", [*base, 117.0])
