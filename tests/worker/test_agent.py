@@ -438,7 +438,7 @@ def test_serve_local_worker_enrolls_once_and_reuses_its_token(tmp_path: Path) ->
             timeout=90,
             diagnostics=lambda: (tmp_path / "serve.log").read_text(),
         )
-        campaign = create_campaign(local, ["4x64", "8x128"], ["float32", "float16"])
+        campaign = create_campaign(local, ["4x64"], ["float32"])  # one job: the tuning is not under test
         wait_for(
             "every job done",
             lambda: _all_done(local, campaign),
@@ -469,7 +469,7 @@ def test_serve_local_worker_enrolls_once_and_reuses_its_token(tmp_path: Path) ->
     log = (tmp_path / "serve.log").read_text()
     assert len(enrolled) == 1 and token.read_text() == first_token
     assert "using the stored worker token" in log and "Traceback" not in log
-    assert len(results(local)) == 5
+    assert len(results(local)) == 2
 
 
 def test_the_agent_beats_when_the_coordinator_says() -> None:
