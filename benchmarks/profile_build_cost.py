@@ -1,7 +1,9 @@
-"""Profile build cost against the number of stored ``config_stats`` rows, on SQLite and PostgreSQL.
+"""Profile build cost against the number of stored ``config_stats`` rows, or of current series, on
+SQLite and PostgreSQL.
 
     python benchmarks/profile_build_cost.py [--rows 10000,100000,1000000]
         [--postgres postgresql://postgres@127.0.0.1:5432/test] [--rounds 3] [--databases sqlite,postgresql]
+    python benchmarks/profile_build_cost.py --growth 1000,4000,10000 [--rounds 3] [--databases ...]
 
 For each size, a fresh database (SQLite file in a temporary folder; PostgreSQL database created
 beside the given one and dropped afterwards) is migrated and filled:
@@ -28,7 +30,15 @@ Then, per round, for one Apple chip:
 
 Prints the median of the rounds per size and database. The incremental build should stay flat in
 total rows; what it still grows with is the current fleet (predictions compare every current series
-of a kernel), which this benchmark holds fixed.
+of a kernel), which ``--rows`` holds fixed.
+
+``--growth`` (results/profile_build_growth.txt) grows the current fleet instead, as a fleet where
+every job is a new (kernel, shape, dtype) does: per size, that many current series over the 8 chips
+(each chip, the target included, measures a (kernel, shape, dtype) with probability 1/2, so the
+target predicts the other half; no history), then per round one real report of a *new* series from
+another Apple chip (the target's predictions change), the target's incremental build, and a full
+build after dropping the cache. A build predicts every fleet shape the chip did not measure from
+every current series of its kernel: O(series^2) pairs, each over ~40 configs, for one chip.
 """
 
 from __future__ import annotations

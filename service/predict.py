@@ -245,12 +245,12 @@ def _sources(kernel: str, observations: Observations,
             dtypes.append(d)
             tables.append(times)
     column: dict[str, int] = {}
-    rows, cols, values = [], [], []
-    for i, times in enumerate(tables):
-        for key, t in times.items():
-            rows.append(i)
-            cols.append(column.setdefault(key, len(column)))
-            values.append(t)
+    cols: list[int] = []
+    values: list[float] = []
+    for times in tables:
+        cols += [column.setdefault(key, len(column)) for key in times]
+        values += times.values()
+    rows = np.repeat(np.arange(len(tables)), [len(times) for times in tables])
     has = np.zeros((len(tables), len(column)))
     measured = np.zeros_like(has)
     has[rows, cols] = 1.0
@@ -258,7 +258,13 @@ def _sources(kernel: str, observations: Observations,
     best = np.array([min(times.values()) for times in tables]).reshape(-1, 1)
     return _Sources(chips=chip_of, shapes=shapes, dtypes=dtypes, tables=tables, keys=list(column), has=has,
                     times=measured, relative=measured / best, far=(measured > NEAR * best) * has,
-                    numel=np.array([float(math.prod(parse_dims(s) or (1,))) for s in shapes]))
+                    numel=np.array([_numel(s) for s in shapes]))
+
+
+@lru_cache(maxsize=1 << 16)
+def _numel(shape: str) -> float:
+    """The element count of a shape (1 for one that does not parse: it is never a source)."""
+    return float(math.prod(parse_dims(shape) or (1,)))
 
 
 def _weights(chip: str, targets: Sequence[tuple[str, str]], src: _Sources, similar: Mapping[str, float]
@@ -345,37 +351,40 @@ def predict_many(
             if out[j] is None:
                 row[exact] = keep
     total = weights.sum(axis=1)
-    ratio = np.array([float(math.prod(parse_dims(s) or (1,))) for s, _ in targets]).reshape(-1, 1) / src.numel
+    ratio = np.array([_numel(s) for s, _ in targets]).reshape(-1, 1) / src.numel
     sum_w = _product(weights, src.has)
     sum_relative = _product(weights, src.relative)
     sum_scaled = _product(weights * ratio, src.times)
     sum_far = _product(weights, src.far)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a config no source of the target measured
+        far_shares, mean_relative, mean_scaled = sum_far / sum_w, sum_relative / sum_w, sum_scaled / sum_w
     builtin = src.keys.index("builtin") if "builtin" in src.keys else None
     for j in map(int, np.flatnonzero(total > 0)):
         row, w, check = weights[j], sum_w[j], checks[j]
-        covered = np.flatnonzero((w > 0) & (w >= MIN_COVERAGE * total[j] * (1.0 - 1e-12)))
-        candidates = [int(c) for c in covered if check is None or check(src.keys[c])]
+        covered = np.flatnonzero((w > 0) & (w >= MIN_COVERAGE * total[j] * (1.0 - 1e-12))).tolist()
+        candidates = [c for c in covered if check is None or check(src.keys[c])]
         if not candidates:
             continue
-        share = {c: round(float(sum_far[j, c] / w[c]), 9) for c in candidates}
-        relative = {c: round(float(sum_relative[j, c] / w[c]), 12) for c in candidates}
+        far_share, mean, scaled = far_shares[j].tolist(), mean_relative[j].tolist(), mean_scaled[j].tolist()
+        share = {c: round(far_share[c], 9) for c in candidates}
+        relative = {c: round(mean[c], 12) for c in candidates}
         choice = min(candidates, key=lambda c: (share[c], relative[c], src.keys[c]))
-        heaviest = int(np.flatnonzero(row >= row.max() * (1.0 - 1e-12))[0])  # the first, on a float tie
-        if cross[j] and _more_bandwidth(chip, src.chips[heaviest]):
+        if cross[j] and _more_bandwidth(
+                chip, src.chips[int(np.flatnonzero(row >= row.max() * (1.0 - 1e-12))[0])]):  # first on a tie
             # Little's law: a chip with more bandwidth needs more bytes in flight to reach it, so among
             # the sources' ties it takes the config with the most work per thread (H100 -> H200: 6 of 8
             # misses of the plain tie-break were configs with less work per thread than the H200's best)
-            limit = round(TIE * float(sum_relative[j, choice] / w[choice]), 12)
+            limit = round(TIE * mean[choice], 12)
             ties = [c for c in candidates if share[c] == share[choice] and relative[c] <= limit]
             choice = max(ties, key=lambda c: (work_per_thread(src.keys[c]), -relative[c], src.keys[c]))
-        expected = float(sum_scaled[j, choice] / w[choice])
-        speedup = (float(sum_scaled[j, builtin] / w[builtin]) / expected
-                   if builtin is not None and w[builtin] > 0 and expected > 0 else None)
+        expected = scaled[choice]
+        speedup = (scaled[builtin] / expected if builtin is not None and w[builtin] > 0 and expected > 0
+                   else None)
         used = np.flatnonzero(row > 0)
         share_of = row[used] / total[j]  # the heaviest first; weights equal to 12 decimals in source order
         basis = [{"chip": src.chips[i], "shape": src.shapes[i], "weight": round(float(row[i] / total[j]), 3)}
                  for i in used[np.argsort(-np.round(share_of, 12), kind="stable")][:3]]
-        near_share = 1.0 - float(sum_far[j, choice] / w[choice])
+        near_share = 1.0 - far_share[choice]
         nearest = float(row.max())
         out[j] = Prediction(config_key=src.keys[choice], median_us=expected, speedup=speedup,
                             score=near_share * nearest / (nearest + EVIDENCE_SCALE),
