@@ -58,7 +58,7 @@ O(targets x sources x configs) multiply-adds in numpy, not dict operations in Py
 at 10,000 current series: see ``benchmarks/results/profile_build_growth.txt``). The products add in
 another order than a loop over the sources did, so the rules compare rounded figures where float
 order could decide a tie (:func:`predict_many`); on synthetic fleets the predictions equal the loop's
-to 1e-14 relative (``tests/service/test_predict_batched.py``).
+to 2e-14 relative (``tests/service/test_predict_batched.py``).
 """
 
 from __future__ import annotations
