@@ -1,7 +1,9 @@
-"""Profile build cost against the number of stored ``config_stats`` rows, on SQLite and PostgreSQL.
+"""Profile build cost against the number of stored ``config_stats`` rows, or of current series, on
+SQLite and PostgreSQL.
 
     python benchmarks/profile_build_cost.py [--rows 10000,100000,1000000]
         [--postgres postgresql://postgres@127.0.0.1:5432/test] [--rounds 3] [--databases sqlite,postgresql]
+    python benchmarks/profile_build_cost.py --growth 1000,4000,10000 [--rounds 3] [--databases ...]
 
 For each size, a fresh database (SQLite file in a temporary folder; PostgreSQL database created
 beside the given one and dropped afterwards) is migrated and filled:
@@ -28,7 +30,15 @@ Then, per round, for one Apple chip:
 
 Prints the median of the rounds per size and database. The incremental build should stay flat in
 total rows; what it still grows with is the current fleet (predictions compare every current series
-of a kernel), which this benchmark holds fixed.
+of a kernel), which ``--rows`` holds fixed.
+
+``--growth`` (results/profile_build_growth.txt) grows the current fleet instead, as a fleet where
+every job is a new (kernel, shape, dtype) does: per size, that many current series over the 8 chips
+(each chip, the target included, measures a (kernel, shape, dtype) with probability 1/2, so the
+target predicts the other half; no history), then per round one real report of a *new* series from
+another Apple chip (the target's predictions change), the target's incremental build, and a full
+build after dropping the cache. A build predicts every fleet shape the chip did not measure from
+every current series of its kernel: O(series^2) pairs, each over ~40 configs, for one chip.
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ import secrets
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -71,11 +82,14 @@ COLUMNS = [c.name for c in ConfigStat.__table__.columns if c.name != "id"]
 console = Console(stderr=True)
 
 
-def _fleet_rows(rng: random.Random) -> list[dict[str, Any]]:
+def _fleet_rows(rng: random.Random, series: int | None = None, target_share: float = 1.0
+                ) -> list[dict[str, Any]]:
+    """About ``FLEET_ROWS`` stats rows of current series, or ``series`` series when given; the target
+    chip measures a (kernel, shape, dtype) with probability ``target_share``, each other chip with 1/2."""
     now, result_id = datetime.now(UTC), 0
     rows: list[dict[str, Any]] = []
     seen: set[tuple[str, tuple[int, ...], str]] = set()
-    while len(rows) < FLEET_ROWS:
+    while (len(rows) < FLEET_ROWS) if series is None else (result_id < series):
         kernel = rng.choice(KERNELS)
         spec = get_spec(kernel)
         base = rng.choice([s for shapes in spec.shapes.values() for s in shapes])
@@ -90,7 +104,7 @@ def _fleet_rows(rng: random.Random) -> list[dict[str, Any]]:
             continue
         for backend, chips in CHIPS.items():
             for chip in chips:
-                if chip != TARGET and rng.random() < 0.5:
+                if rng.random() >= (target_share if chip == TARGET else 0.5):
                     continue
                 result_id += 1
                 builtin = rng.uniform(5, 500)
@@ -108,13 +122,15 @@ def _fleet_rows(rng: random.Random) -> list[dict[str, Any]]:
     return rows
 
 
-def fill(url: str, total: int) -> tuple[int, float]:
-    """The fleet, then history copies in SQL up to ``total`` rows; returns (rows, seconds)."""
+def fill(url: str, total: int, series: int | None = None) -> tuple[int, float]:
+    """The fleet, then history copies in SQL up to ``total`` rows; returns (rows, seconds). With
+    ``series``: a fleet of that many current series (the target measuring half the fleet's shapes,
+    as every chip does), no history."""
     started = time.perf_counter()
     upgrade(url)
     engine = make_engine(url)
     try:
-        rows = _fleet_rows(random.Random(7))
+        rows = _fleet_rows(random.Random(7)) if series is None else _fleet_rows(random.Random(7), series, 0.5)
         with engine.begin() as conn:
             for start in range(0, len(rows), 5000):
                 conn.execute(insert(ConfigStat.__table__), rows[start:start + 5000])
@@ -157,6 +173,49 @@ def _one_result(factory: sessionmaker[Session], rng: random.Random) -> None:
         store_report(session, TuningReport.model_validate(report), source="import")
 
 
+def _new_series_result(factory: sessionmaker[Session], rng: random.Random) -> None:
+    """Store one real report of a (kernel, shape, dtype) no chip measured before, from another Apple
+    chip than the target (a job of a growing fleet: every job a new series), with its configs' trials."""
+    with factory() as session:
+        known = set(session.execute(
+            select(ConfigStat.kernel, ConfigStat.shape, ConfigStat.dtype).distinct()).all())
+    while True:
+        kernel = rng.choice(KERNELS)
+        spec = get_spec(kernel)
+        base = rng.choice([s for shapes in spec.shapes.values() for s in shapes])
+        shape = tuple(max(1, d * rng.randint(1, 64) // rng.choice([1, 2, 4, 8])) for d in base)
+        dtype = rng.choice(spec.dtypes)
+        if (kernel, format_shape(shape), dtype) in known:
+            continue
+        try:
+            configs = spec.space(shape, dtype)[:39]
+        except Exception:
+            continue
+        break
+    chip = rng.choice([c for c in CHIPS["metal"] if c != TARGET])
+    builtin = rng.uniform(5, 500)
+
+    def trial(config: dict[str, Any], key: str, median: float) -> dict[str, Any]:
+        return {"config_key": key, "config": config, "is_builtin": key == "builtin", "status": "ok",
+                "error": None, "samples_us": None, "median_us": median, "p10_us": None, "p90_us": None,
+                "n": 20, "max_abs_err": 0.0, "max_rel_err": 0.0}
+
+    trials = [trial({"variant": "builtin"}, "builtin", builtin),
+              *(trial(dict(c), config_key(c), builtin * rng.uniform(0.7, 1.6)) for c in configs)]
+    report = {
+        "kernel": kernel, "shape": format_shape(shape), "dtype": dtype, "seed": 0, "strategy": "halving",
+        "env": {"chip": chip, "backend": "metal", "mlx_version": MLX, "os": "macOS 15.1", "driver": None,
+                "kernel_hash": f"{kernel}-h0", "gpu_cores": 40, "memory_bytes": 2**36},
+        "trials": trials,
+        "best_config_key": min(trials, key=lambda t: t["median_us"])["config_key"],
+        "golden": {"digest": secrets.token_hex(32),
+                   "stats": {"mean": 0.0, "std": 1.0, "min": -4.0, "max": 4.0, "abs_mean": 0.8},
+                   "sample": [0.1], "stride": 1, "numel": 1},
+    }
+    with factory() as session, immediate(session):
+        store_report(session, TuningReport.model_validate(report), source="import")
+
+
 def _build(factory: sessionmaker[Session], settings: Settings) -> float:
     with factory() as session, immediate(session):
         session.add(ProfileRequest(chip=TARGET))
@@ -174,8 +233,9 @@ def every_row(factory: sessionmaker[Session]) -> float:
     return time.perf_counter() - started
 
 
-def measure(url: str, rounds: int, old: bool) -> tuple[float, float, float | None]:
-    """(median incremental build s, median full build s, every-row body s or None) over ``rounds``."""
+def measure(url: str, rounds: int, old: bool, new_series: bool = False) -> tuple[float, float, float | None]:
+    """(median incremental build s, median full build s, every-row body s or None) over ``rounds``;
+    each round's result is of one of the target's series, or with ``new_series`` of a new one."""
     engine = make_engine(url)
     factory = make_sessionmaker(engine)
     settings = Settings(database_url=url, profile_min_interval_seconds=0)
@@ -185,7 +245,7 @@ def measure(url: str, rounds: int, old: bool) -> tuple[float, float, float | Non
         _build(factory, settings)  # warm: the cache, and the catalog's config spaces (per process)
         incremental, full = [], []
         for _ in range(rounds):
-            _one_result(factory, rng)
+            (_new_series_result if new_series else _one_result)(factory, rng)
             incremental.append(_build(factory, settings))
             series_summaries.forget()
             full.append(_build(factory, settings))
@@ -219,35 +279,68 @@ def main() -> None:
     parser.add_argument("--databases", default="sqlite,postgresql", help="which of sqlite,postgresql")
     parser.add_argument("--every-row-max", type=int, default=200_000,
                         help="time the every-row read (the old build) only up to this many rows")
+    parser.add_argument("--growth", default=None,
+                        help="instead of --rows: fleets of this many current series (e.g. 1000,4000,10000), "
+                             "each round storing a result of a new series")
     args = parser.parse_args()
-    table = Table(title=f"Profile build of {TARGET} after one stored result (median of {args.rounds})")
-    for column in ("database", "stats rows", "fill s", "incremental build ms", "full build ms",
-                   "every row read (old build) ms"):
+    if args.growth:
+        _run(args, f"Profile build of {TARGET} after one result of a new series (median of {args.rounds})",
+             ("current series", "stats rows", "fill s", "incremental build ms", "full build ms"),
+             args.growth, _one_growth)
+    else:
+        _run(args, f"Profile build of {TARGET} after one stored result (median of {args.rounds})",
+             ("stats rows", "fill s", "incremental build ms", "full build ms",
+              "every row read (old build) ms"),
+             args.rows, _one_history)
+
+
+def _one_history(args: argparse.Namespace, url: str, total: int) -> tuple[str, ...]:
+    """A fleet with history up to ``total`` rows: its figures (rows, fill, incremental, full, every row)."""
+    count, fill_s = fill(url, total)
+    console.log(f"{count:,} rows in {fill_s:.1f} s; building")
+    inc, full, old = measure(url, args.rounds, total <= args.every_row_max)
+    return (f"{count:,}", f"{fill_s:.1f}", f"{inc * 1000:.0f}", f"{full * 1000:.0f}",
+            f"{old * 1000:.0f}" if old is not None else "not run")
+
+
+def _one_growth(args: argparse.Namespace, url: str, size: int) -> tuple[str, ...]:
+    """A fleet of ``size`` current series: its figures (series, rows, fill, incremental, first build)."""
+    count, fill_s = fill(url, 0, series=size)
+    console.log(f"{count:,} rows in {fill_s:.1f} s; building")
+    inc, full, _ = measure(url, args.rounds, False, new_series=True)
+    return (f"{size:,}", f"{count:,}", f"{fill_s:.1f}", f"{inc * 1000:.0f}", f"{full * 1000:.0f}")
+
+
+def _run(args: argparse.Namespace, title: str, columns: tuple[str, ...], sizes: str,
+         one: Callable[[argparse.Namespace, str, int], tuple[str, ...]]) -> None:
+    """``one`` per size and database, as a table; the host's load average before and after."""
+    table = Table(title=title)
+    for column in ("database", *columns):
         table.add_column(column, justify="right")
     load = os.getloadavg()
-    for total in (int(n) for n in args.rows.split(",")):
-        with tempfile.TemporaryDirectory() as tmp:
-            wanted = args.databases.split(",")
-            targets: list[tuple[str, str, str | None]] = (
-                [("sqlite", f"sqlite:///{Path(tmp) / 'bench.db'}", None)] if "sqlite" in wanted else [])
-            if args.postgres and "postgresql" in wanted:
-                created, created_url = _postgres_db(args.postgres)
-                targets.append(("postgresql", created_url, created))
-            for label, url, name in targets:
-                try:
-                    console.log(f"{label}: filling {total:,} rows")
-                    count, fill_s = fill(url, total)
-                    console.log(f"{label}: {count:,} rows in {fill_s:.1f} s; building")
-                    inc, full, old = measure(url, args.rounds, total <= args.every_row_max)
-                    figures = (f"{count:,}", f"{fill_s:.1f}", f"{inc * 1000:.0f}", f"{full * 1000:.0f}",
-                               f"{old * 1000:.0f}" if old is not None else "not run")
-                    table.add_row(label, *figures)
-                    console.log(f"{label}: {figures}")
-                finally:
-                    if name is not None:
-                        _drop(args.postgres, name)
+    for size in (int(n) for n in sizes.split(",")):
+        for label, url in _databases(args):
+            console.log(f"{label}: size {size:,}")
+            figures = one(args, url, size)
+            table.add_row(label, *figures)
+            console.log(f"{label}: {figures}")
     Console().print(table)
     print(f"host: {os.cpu_count()} CPUs; load average before {load[0]:.2f}, after {os.getloadavg()[0]:.2f}")
+
+
+def _databases(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
+    """(label, URL) of a fresh database per wanted kind: a SQLite file in a temporary folder, a
+    PostgreSQL database created beside ``--postgres`` (dropped after its turn)."""
+    wanted = args.databases.split(",")
+    if "sqlite" in wanted:
+        with tempfile.TemporaryDirectory() as tmp:
+            yield "sqlite", f"sqlite:///{Path(tmp) / 'bench.db'}"
+    if args.postgres and "postgresql" in wanted:
+        created, created_url = _postgres_db(args.postgres)
+        try:
+            yield "postgresql", created_url
+        finally:
+            _drop(args.postgres, created)
 
 
 if __name__ == "__main__":

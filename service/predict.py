@@ -49,14 +49,26 @@ H100/H200 reports the near-best share separates hits from misses (held-out withi
 its lowest quartile, 0.94 in its highest) and, across chips, the nearest source's weight does (0.29
 to 0.76). :mod:`kernelfleet.service.calibration` turns scores into a confidence measured on held-out
 data.
+
+A profile build predicts every (shape, dtype) of a kernel that the chip did not measure at once
+(:func:`predict_many`; :func:`predict` is one target of it): the kernel's sources become a matrix of
+times (sources x configs), each target's source weights a row of a (targets x sources) matrix
+(distances on log dimensions, per rank), and the four sums of the vote matrix products. A build costs
+O(targets x sources x configs) multiply-adds in numpy, not dict operations in Python (a chip's build
+at 10,000 current series: see ``benchmarks/results/profile_build_growth.txt``). The products add in
+another order than a loop over the sources did, so the rules compare rounded figures where float
+order could decide a tie (:func:`predict_many`); on synthetic fleets the predictions equal the loop's
+to 2e-14 relative (``tests/service/test_predict_batched.py``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+
+import numpy as np
 
 from kernelfleet.chips import lookup
 from kernelfleet.service import chips
@@ -122,20 +134,30 @@ def parse_dims(shape: str) -> tuple[int, ...] | None:
     return dims if dims and all(d > 0 for d in dims) else None
 
 
-@lru_cache(maxsize=1 << 16)  # a pure function of two strings, asked for every (target, source) pair
-def shape_distance(a: str, b: str) -> float | None:
-    da, db = parse_dims(a), parse_dims(b)
-    if da is None or db is None or len(da) != len(db):
+@lru_cache(maxsize=1 << 16)  # a pure function of the shape, asked for every source and target
+def _log_dims(shape: str) -> tuple[float, ...] | None:
+    """``(log numel, log d_1, log d_2, ...)``: what :func:`shape_distance` compares (every dimension
+    after the first), or None for a shape that does not parse."""
+    dims = parse_dims(shape)
+    if dims is None:
         return None
-    size = abs(math.log(math.prod(da) / math.prod(db)))
-    return float(size + sum(abs(math.log(x / y)) for x, y in zip(da[1:], db[1:], strict=True)))
+    return (math.log(math.prod(dims)), *(math.log(d) for d in dims[1:]))
 
 
-def numel_ratio(target: str, source: str) -> float:
-    dt, ds = parse_dims(target), parse_dims(source)
-    if dt is None or ds is None:
-        return 1.0
-    return math.prod(dt) / math.prod(ds)
+def shape_distance(a: str, b: str) -> float | None:
+    la, lb = _log_dims(a), _log_dims(b)
+    if la is None or lb is None or len(la) != len(lb):
+        return None
+    return float(_distance(np.array([la]), np.array([lb]))[0, 0])
+
+
+def _distance(targets: np.ndarray, sources: np.ndarray) -> np.ndarray:
+    """Shape distances of every target to every source (rows of :func:`_log_dims`, one rank): the
+    size term, then each later dimension's term, added in that order."""
+    out = np.abs(targets[:, :1] - sources[:, 0])
+    for i in range(1, targets.shape[1]):
+        out += np.abs(targets[:, i:i + 1] - sources[:, i])
+    return out
 
 
 def work_per_thread(config_key: str) -> int:
@@ -188,77 +210,186 @@ def predict(
     chips' measured picks, for transfers. ``similarity``: :func:`chip_similarity` of ``chip`` and
     each other chip over every kernel, when the caller computed it already (then ``observations``
     need hold only ``kernel``'s tables); chips it lacks are compared on ``observations``.
+    :func:`predict_many` of one target.
     """
-    sources: list[tuple[float, str, str, str, dict[str, float]]] = []  # weight, chip, shape, dtype, times
-    similar: dict[str, float] = dict(similarity or {})
+    return predict_many(chip, kernel, [(shape, dtype)], observations, valid=lambda _s, _d: valid,
+                        exclude=exclude, picks=picks, similarity=similarity)[0]
+
+
+@dataclass(frozen=True)
+class _Sources:
+    """One kernel's sources (every chip's measured (shape, dtype) of it), in the observations' order,
+    with their configs' times as matrices (sources x configs; 0 where a source lacks a config)."""
+
+    chips: list[str]
+    shapes: list[str]
+    dtypes: list[str]
+    tables: list[dict[str, float]]
+    keys: list[str]  # the configs' columns
+    has: np.ndarray  # 1 where the source measured the config
+    times: np.ndarray
+    relative: np.ndarray  # time / the source's best
+    far: np.ndarray  # 1 where the time is not within NEAR of the source's best
+    numel: np.ndarray  # each source's element count
+
+
+def _sources(kernel: str, observations: Observations,
+             exclude: set[tuple[str, str, str, str]] | None) -> _Sources:
+    chip_of, shapes, dtypes, tables = [], [], [], []
     for other, table in observations.items():
         for (k, s, d), times in table.items():
-            if k != kernel or not times or (exclude and (other, k, s, d) in exclude):
+            if k != kernel or not times or (exclude and (other, k, s, d) in exclude) or _log_dims(s) is None:
                 continue
-            if other == chip and s == shape and d == dtype:
-                continue  # that is the tuned entry itself, not a prediction
-            distance = shape_distance(shape, s)
-            if distance is None:
-                continue
-            distance += 0.0 if d == dtype else 1.0
-            if other not in similar:
-                similar[other] = chip_similarity(chip, other, observations)
-            weight = similar[other] * math.exp(-distance / SHAPE_SCALE)
-            if weight >= MIN_WEIGHT:
-                sources.append((weight, other, s, d, times))
-    if not sources:
-        return None
-    cross_chip = all(c != chip for _, c, *_ in sources)
-    exact = [src for src in sources if src[2] == shape and src[3] == dtype]
-    if cross_chip and exact:
-        sources = exact  # another chip measured this very shape: that beats extrapolating from others
-        transfer = _transfer(sources, kernel, shape, dtype, valid, picks or {})
-        if transfer is not None:
-            return transfer
-    total = sum(w for w, *_ in sources)
-    # key -> [sum w*rel, sum w, sum w*scaled time, sum w*not near]
-    scores: dict[str, list[float]] = {}
-    for weight, _, s, _, times in sources:
-        best = min(times.values())
-        ratio = numel_ratio(shape, s)
-        for key, t in times.items():
-            acc = scores.setdefault(key, [0.0, 0.0, 0.0, 0.0])
-            acc[0] += weight * t / best
-            acc[1] += weight
-            acc[2] += weight * t * ratio
-            acc[3] += weight * (t > NEAR * best)
-    candidates = {
-        k: v for k, v in scores.items() if v[1] >= MIN_COVERAGE * total and (valid is None or valid(k))
-    }
-    if not candidates:
-        return None
-    def share(k: str) -> float:
-        return round(candidates[k][3] / candidates[k][1], 9)
+            chip_of.append(other)
+            shapes.append(s)
+            dtypes.append(d)
+            tables.append(times)
+    column: dict[str, int] = {}
+    cols: list[int] = []
+    values: list[float] = []
+    for times in tables:
+        cols += [column.setdefault(key, len(column)) for key in times]
+        values += times.values()
+    rows = np.repeat(np.arange(len(tables)), [len(times) for times in tables])
+    has = np.zeros((len(tables), len(column)))
+    measured = np.zeros_like(has)
+    has[rows, cols] = 1.0
+    measured[rows, cols] = values
+    best = np.array([min(times.values()) for times in tables]).reshape(-1, 1)
+    return _Sources(chips=chip_of, shapes=shapes, dtypes=dtypes, tables=tables, keys=list(column), has=has,
+                    times=measured, relative=measured / best, far=(measured > NEAR * best) * has,
+                    numel=np.array([_numel(s) for s in shapes]))
 
-    def relative(k: str) -> float:
-        return candidates[k][0] / candidates[k][1]
 
-    choice = min(candidates, key=lambda k: (share(k), relative(k), k))
-    if cross_chip and _more_bandwidth(chip, max(sources, key=lambda x: x[0])[1]):
-        # Little's law: a chip with more bandwidth needs more bytes in flight to reach it, so among the
-        # sources' ties it takes the config with the most work per thread (H100 -> H200: 6 of 8 misses
-        # of the plain tie-break were configs with less work per thread than the H200's best)
-        ties = [k for k in candidates if share(k) == share(choice) and relative(k) <= TIE * relative(choice)]
-        choice = max(ties, key=lambda k: (work_per_thread(k), -relative(k), k))
-    acc = candidates[choice]
-    expected = acc[2] / acc[1]
-    builtin = scores.get("builtin")
-    speedup = (builtin[2] / builtin[1]) / expected if builtin and expected > 0 else None
-    basis = [
-        {"chip": c, "shape": s, "weight": round(w / total, 3)}
-        for w, c, s, _, _ in sorted(sources, key=lambda x: -x[0])[:3]
-    ]
-    near_share = 1.0 - acc[3] / acc[1]
-    nearest = max(w for w, *_ in sources)
-    score = near_share * nearest / (nearest + EVIDENCE_SCALE)
-    return Prediction(config_key=choice, median_us=expected, speedup=speedup, score=score,
-                      cross_chip=cross_chip, basis=basis,
-                      near_share=near_share, nearest=nearest)
+@lru_cache(maxsize=1 << 16)
+def _numel(shape: str) -> float:
+    """The element count of a shape (1 for one that does not parse: it is never a source)."""
+    return float(math.prod(parse_dims(shape) or (1,)))
+
+
+def _weights(chip: str, targets: Sequence[tuple[str, str]], src: _Sources, similar: Mapping[str, float]
+             ) -> np.ndarray:
+    """Every target's weight of every source (targets x sources): chip similarity x exp(-shape
+    distance / SHAPE_SCALE), 0 below MIN_WEIGHT (to 1e-9) and for another rank."""
+    weights = np.zeros((len(targets), len(src.chips)))
+    similarity = np.array([similar[c] for c in src.chips])
+    dtypes = np.array(src.dtypes)
+    by_rank: dict[int, tuple[list[int], list[int]]] = {}
+    for i, s in enumerate(src.shapes):
+        by_rank.setdefault(len(_log_dims(s) or ()), ([], []))[1].append(i)
+    for j, (shape, _) in enumerate(targets):
+        logs = _log_dims(shape)
+        if logs is not None and len(logs) in by_rank:
+            by_rank[len(logs)][0].append(j)
+    for tj, si in by_rank.values():
+        if not tj:
+            continue
+        distance = _distance(np.array([_log_dims(targets[j][0]) for j in tj]),
+                             np.array([_log_dims(src.shapes[i]) for i in si]))
+        distance += np.array([targets[j][1] for j in tj]).reshape(-1, 1) != dtypes[si]
+        w = similarity[si] * np.exp(-distance / SHAPE_SCALE)
+        # a source exactly at the cut counts (1000x the size, or 10x the size and 100x the row: its
+        # float weight falls either side of 1e-6 by rounding alone)
+        weights[np.ix_(tj, si)] = np.where(w >= MIN_WEIGHT * (1.0 - 1e-9), w, 0.0)
+    return weights
+
+
+def _product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` in one thread (numpy's own loop): OpenBLAS' threads, on 2 cores busy with requests,
+    took 18-65 ms for a 40x210 @ 210x111 product that takes 0.1-0.6 ms in one."""
+    return np.einsum("ts,sc->tc", a, b)
+
+
+def predict_many(
+    chip: str,
+    kernel: str,
+    targets: Sequence[tuple[str, str]],
+    observations: Observations,
+    *,
+    valid: Callable[[str, str], Callable[[str], bool] | None] | None = None,
+    exclude: set[tuple[str, str, str, str]] | None = None,
+    picks: Picks | None = None,
+    similarity: Mapping[str, float] | None = None,
+) -> list[Prediction | None]:
+    """:func:`predict` for every (shape, dtype) of ``targets`` at once (the same rules, one kernel):
+    the sources' times become matrices and every target's sums over its sources matrix products, so
+    a chip's build costs O(targets x sources) in numpy, not in Python. ``valid(shape, dtype)``: the
+    target's ``valid`` of :func:`predict`. Sums run in another order than a loop over the sources
+    would, so the rules compare rounded figures where float order could otherwise decide: the
+    weight cut within 1e-9 of MIN_WEIGHT (a source mathematically at it counts), coverage within 1e-12
+    of the half, mean relative times to 12 decimals (the near-best share to 9, as ever),
+    the basis' and the heaviest source's weights to 12 (equal ones in source order).
+    """
+    out: list[Prediction | None] = [None] * len(targets)
+    src = _sources(kernel, observations, exclude)
+    if not src.chips or not targets:
+        return out
+    similar = dict(similarity or {})
+    for other in dict.fromkeys(src.chips):
+        if other not in similar:
+            similar[other] = chip_similarity(chip, other, observations)
+    weights = _weights(chip, targets, src, similar)
+    at: dict[tuple[str, str], list[int]] = {}  # (shape, dtype) -> its sources
+    for i, key in enumerate(zip(src.shapes, src.dtypes, strict=True)):
+        at.setdefault(key, []).append(i)
+    own = np.array([c == chip for c in src.chips])
+    checks = [valid(shape, dtype) if valid else None for shape, dtype in targets]
+    cross = np.ones(len(targets), dtype=bool)
+    for j, (shape, dtype) in enumerate(targets):
+        row = weights[j]
+        for i in at.get((shape, dtype), ()):
+            if own[i]:
+                row[i] = 0.0  # that is the tuned entry itself, not a prediction
+        cross[j] = not (row[own] > 0).any()
+        exact = [i for i in at.get((shape, dtype), ()) if row[i] > 0]
+        if cross[j] and exact:
+            # another chip measured this very shape: that beats extrapolating from others
+            out[j] = _transfer([(float(row[i]), src.chips[i], shape, dtype, src.tables[i]) for i in exact],
+                               kernel, shape, dtype, checks[j], picks or {})
+            keep = row[exact]
+            row[:] = 0.0
+            if out[j] is None:
+                row[exact] = keep
+    total = weights.sum(axis=1)
+    ratio = np.array([_numel(s) for s, _ in targets]).reshape(-1, 1) / src.numel
+    sum_w = _product(weights, src.has)
+    sum_relative = _product(weights, src.relative)
+    sum_scaled = _product(weights * ratio, src.times)
+    sum_far = _product(weights, src.far)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a config no source of the target measured
+        far_shares, mean_relative, mean_scaled = sum_far / sum_w, sum_relative / sum_w, sum_scaled / sum_w
+    builtin = src.keys.index("builtin") if "builtin" in src.keys else None
+    for j in map(int, np.flatnonzero(total > 0)):
+        row, w, check = weights[j], sum_w[j], checks[j]
+        covered = np.flatnonzero((w > 0) & (w >= MIN_COVERAGE * total[j] * (1.0 - 1e-12))).tolist()
+        candidates = [c for c in covered if check is None or check(src.keys[c])]
+        if not candidates:
+            continue
+        far_share, mean, scaled = far_shares[j].tolist(), mean_relative[j].tolist(), mean_scaled[j].tolist()
+        share = {c: round(far_share[c], 9) for c in candidates}
+        relative = {c: round(mean[c], 12) for c in candidates}
+        choice = min(candidates, key=lambda c: (share[c], relative[c], src.keys[c]))
+        if cross[j] and _more_bandwidth(
+                chip, src.chips[int(np.flatnonzero(row >= row.max() * (1.0 - 1e-12))[0])]):  # first on a tie
+            # Little's law: a chip with more bandwidth needs more bytes in flight to reach it, so among
+            # the sources' ties it takes the config with the most work per thread (H100 -> H200: 6 of 8
+            # misses of the plain tie-break were configs with less work per thread than the H200's best)
+            limit = round(TIE * mean[choice], 12)
+            ties = [c for c in candidates if share[c] == share[choice] and relative[c] <= limit]
+            choice = max(ties, key=lambda c: (work_per_thread(src.keys[c]), -relative[c], src.keys[c]))
+        expected = scaled[choice]
+        speedup = (scaled[builtin] / expected if builtin is not None and w[builtin] > 0 and expected > 0
+                   else None)
+        used = np.flatnonzero(row > 0)
+        share_of = row[used] / total[j]  # the heaviest first; weights equal to 12 decimals in source order
+        basis = [{"chip": src.chips[i], "shape": src.shapes[i], "weight": round(float(row[i] / total[j]), 3)}
+                 for i in used[np.argsort(-np.round(share_of, 12), kind="stable")][:3]]
+        near_share = 1.0 - far_share[choice]
+        nearest = float(row.max())
+        out[j] = Prediction(config_key=src.keys[choice], median_us=expected, speedup=speedup,
+                            score=near_share * nearest / (nearest + EVIDENCE_SCALE),
+                            cross_chip=bool(cross[j]), basis=basis, near_share=near_share, nearest=nearest)
+    return out
 
 
 def _transfer(exact: list[tuple[float, str, str, str, dict[str, float]]], kernel: str, shape: str, dtype: str,

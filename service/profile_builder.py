@@ -90,9 +90,17 @@ def _build(session: Session, chip: str, settings: Settings) -> bool:
         with cache.lock:  # the series changed since the last build are reloaded; the rest is reused
             cache.refresh(session, lambda rows: profiles.summarize(rows, backend))
             bins = profiles.calibration_table(session, backend) if backend != "cpu" else None
+            every = series_summaries.current(cache.summaries, None)
             for version in [None, *series_summaries.versions_of(list(cache.summaries.values()), chip)]:
+                current = every if version is None else series_summaries.current(cache.summaries, version)
+                whole = bodies.get(None)
+                if version is not None and len(current) == len(every) and all(
+                        a is b for a, b in zip(current, every, strict=True)):
+                    # the fleet ran this MLX version only: the chip-wide body's entries, not built twice
+                    bodies[version] = None if whole is None else {**whole, "mlx_version": version}
+                    continue
                 bodies[version] = profiles.body_from(
-                    chip, version, backend, series_summaries.current(cache.summaries, version), bins,
+                    chip, version, backend, current, bins,
                     threshold=settings.prediction_min_confidence, allow_predicted=bool(allow))
     built: dict[str, int] = {}
     with _write(session):

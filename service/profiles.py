@@ -7,7 +7,8 @@ A profile holds, per kernel, shape and dtype:
   picks a config it says is slower). Each carries its evidence: runs, workers, imported runs,
   first and last measurement, the spread of its run medians and a ~95 % speedup interval;
 - **predicted** entries (:mod:`kernelfleet.service.predict`), for shapes the chip never ran: from
-  results of the same backend only, other chips weighted by similarity. Each carries a confidence
+  results of the same backend only, other chips weighted by similarity; all targets of a kernel in
+  one batch (:func:`kernelfleet.service.predict.predict_many`). Each carries a confidence
   calibrated on held-out data (:mod:`kernelfleet.service.calibration`); below the threshold, or
   where the predicted speedup is not above 1, the entry is the built-in (``fallback`` says why).
 
@@ -41,7 +42,15 @@ from kernelfleet.service import aggregates, calibration, series_summaries
 from kernelfleet.service.aggregates import StatRow
 from kernelfleet.service.db import keep_newest, stored_utc
 from kernelfleet.service.models import Backend, Calibration, ConfigStat, Profile
-from kernelfleet.service.predict import ChipTable, Observations, Picks, SourcePick, chip_similarity, predict
+from kernelfleet.service.predict import (
+    ChipTable,
+    Observations,
+    Picks,
+    Prediction,
+    SourcePick,
+    chip_similarity,
+    predict_many,
+)
 from kernelfleet.service.series_summaries import SeriesKey
 
 BUILTIN = "builtin"
@@ -157,34 +166,43 @@ def predicted_entries(chip: str, tables: Observations, skip: set[tuple[str, str,
     for other, chip_table in tables.items():
         for key, times in chip_table.items():
             by_kernel.setdefault(key[0], {}).setdefault(other, {})[key] = times
-    out: list[dict[str, Any]] = []
+    wanted: dict[str, list[tuple[str, str]]] = {}  # kernel -> its (shape, dtype) targets, in order
     for kernel, shape, dtype in sorted((fleet | catalog) - skip):
-        pick = predict(chip, kernel, shape, dtype, by_kernel.get(kernel, {}),
-                       valid=_validator(kernel, shape, dtype), picks=picks, similarity=similarity)
-        if pick is None:
-            continue
-        conf = calibration.confidence(table, pick)
-        fallback = None
-        if pick.config_key == BUILTIN:
-            fallback = "the built-in is predicted fastest"
-        elif conf < threshold:
-            fallback = f"confidence {conf:.2f} is below {threshold:.2f}"
-        elif pick.speedup is None or pick.speedup <= 1.0:
-            fallback = "not predicted faster than the built-in"
-        entry: dict[str, Any] = {
-            "kernel": kernel, "shape": shape, "dtype": dtype, "predicted": True,
-            "confidence": round(conf, 3), "score": round(pick.score, 3), "cross_chip": pick.cross_chip,
-            "mode": pick.mode,
-            "basis": pick.basis,
-        }
-        if fallback is None:
-            entry.update(config=parse_config_key(pick.config_key), config_key=pick.config_key,
-                         median_us=round(pick.median_us, 4), speedup=round(pick.speedup or 0.0, 4))
-        else:
-            entry.update(config=parse_config_key(BUILTIN), config_key=BUILTIN, median_us=None, speedup=1.0,
-                         fallback=fallback, predicted_config_key=pick.config_key)
-        out.append(entry)
+        wanted.setdefault(kernel, []).append((shape, dtype))
+    out: list[dict[str, Any]] = []
+    for kernel, targets in wanted.items():
+        # every target of the kernel at once: O(targets x sources) in numpy matrix products
+        found = predict_many(chip, kernel, targets, by_kernel.get(kernel, {}), picks=picks,
+                             similarity=similarity,
+                             valid=lambda shape, dtype, kernel=kernel: _validator(kernel, shape, dtype))
+        out += [_predicted_entry(kernel, shape, dtype, pick, table, threshold)
+                for (shape, dtype), pick in zip(targets, found, strict=True) if pick is not None]
     return out
+
+
+def _predicted_entry(kernel: str, shape: str, dtype: str, pick: Prediction,
+                     table: Sequence[dict[str, Any]] | None, threshold: float) -> dict[str, Any]:
+    conf = calibration.confidence(table, pick)
+    fallback = None
+    if pick.config_key == BUILTIN:
+        fallback = "the built-in is predicted fastest"
+    elif conf < threshold:
+        fallback = f"confidence {conf:.2f} is below {threshold:.2f}"
+    elif pick.speedup is None or pick.speedup <= 1.0:
+        fallback = "not predicted faster than the built-in"
+    entry: dict[str, Any] = {
+        "kernel": kernel, "shape": shape, "dtype": dtype, "predicted": True,
+        "confidence": round(conf, 3), "score": round(pick.score, 3), "cross_chip": pick.cross_chip,
+        "mode": pick.mode,
+        "basis": pick.basis,
+    }
+    if fallback is None:
+        entry.update(config=parse_config_key(pick.config_key), config_key=pick.config_key,
+                     median_us=round(pick.median_us, 4), speedup=round(pick.speedup or 0.0, 4))
+    else:
+        entry.update(config=parse_config_key(BUILTIN), config_key=BUILTIN, median_us=None, speedup=1.0,
+                     fallback=fallback, predicted_config_key=pick.config_key)
+    return entry
 
 
 def calibration_table(session: Session, backend: str) -> list[dict[str, Any]] | None:
