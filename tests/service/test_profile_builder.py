@@ -70,8 +70,10 @@ def test_a_slow_build_holds_up_no_request(coordinator_factory: Any) -> None:
             posted.append((sent, datetime.now(UTC)))
             assert r.status_code == 201, r.text
             slowest = max(slowest, time.monotonic() - t)
-    # each lease + heartbeat + result round took far less than one build: none waited for a build
-    assert slowest < delay / 2, f"a lease/heartbeat/result round took {slowest:.1f} s"
+    # each lease + heartbeat + result round took less than one build: none waited for a build (the bound
+    # is the build itself, not half of it: a loaded CI host once took 3.4 s for a round; `during` below
+    # is the sharper proof)
+    assert slowest < delay, f"a lease/heartbeat/result round took {slowest:.1f} s"
     _wait_idle(coordinator)
     builds = _rows(coordinator, select(ProfileBuild.started_at, ProfileBuild.finished_at))
     assert len(_rows(coordinator, select(Result.id).where(Result.source == "lease"))) == jobs
