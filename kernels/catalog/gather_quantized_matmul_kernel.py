@@ -56,10 +56,6 @@ def space(shape: Shape, dtype: str) -> list[Config]:
         {"path": "dq", "vw": vec, "tg": tg} for vec in DQ_VECS for tg in DQ_TGS if words_per_group % vec == 0]
 
 
-def config_backends(config: Config) -> tuple[GpuBackend, ...]:
-    return ("cuda",) if config.get("path") == "mma" else ("metal", "cuda")
-
-
 # the tensor cores first where they are offered, then dequantize + gather_mm; within the path, the distance
 # (log2 per axis) from its typical winner
 TYPICAL: dict[str, Config] = {"mma": {"rpw": 32, "tg": 128, "unr": 1, "mt": 32}, "dq": {"vw": 1, "tg": 256}}
@@ -164,7 +160,7 @@ SPEC = KernelSpec(
     test_shapes=[(24, 128, 16, 4, 4, 64), (9, 256, 16, 3, 8, 32), (40, 128, 32, 5, 8, 32)],
     default=lambda shape, dtype: {"path": "dq", "vw": 1, "tg": 256},
     prior=prior,
-    config_backends=config_backends,
+    config_backends=quantized_mma.config_backends,
     # x, the output, and the dq path's dense weights of every expert
     largest_tensor=lambda s: max(s[0] * s[1], s[0] * s[2], s[3] * s[2] * s[1]),
 )

@@ -169,10 +169,6 @@ def space(shape: Shape, dtype: str) -> list[Config]:
     return configs
 
 
-def config_backends(config: Config) -> tuple[GpuBackend, ...]:
-    return ("cuda",) if config.get("path") == "mma" else ("metal", "cuda")
-
-
 def default(shape: Shape, dtype: str) -> Config:
     m = shape[0]
     valid = space(shape, dtype)
@@ -309,7 +305,7 @@ SPEC = KernelSpec(
                  (13, 128, 48, 4, 32), (24, 128, 32, 8, 64)],
     default=default,
     prior=prior,
-    config_backends=config_backends,
+    config_backends=quantized_mma.config_backends,
     # x, the output, and the dq path's dense weights
     largest_tensor=lambda shape: max(shape[0] * shape[1], shape[0] * shape[2], shape[1] * shape[2]),
 )

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from ..common import mx_dtype
 from ..render.launch import KernelSource, Launch, TemplateArg
-from ..spec import Config, Shape
+from ..spec import Config, GpuBackend, Shape
 
 # The paired 16-bit arithmetic and the mma, per activation type (CUDA only; sm_80 and newer).
 HEADER = r"""
@@ -315,6 +315,11 @@ TGS = (32, 64, 128, 256)
 UNRS = (1, 2)
 GATHER_TILES = (16, 32)  # pairs a block of the gathered kernel takes
 MAX_SHARED_FLOATS = 8192  # the split-K sum's buffer: 32 KB of the 48 KB a block may declare
+
+
+def config_backends(config: Config) -> tuple[GpuBackend, ...]:
+    """Who may run a config of a spec with this path: ``mma`` configs CUDA only, the rest both."""
+    return ("cuda",) if config.get("path") == "mma" else ("metal", "cuda")
 
 
 def _axes(k: int, n: int, bits: int, tokens: int, dtype: str) -> list[tuple[int, int, int]]:
