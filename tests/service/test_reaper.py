@@ -29,19 +29,24 @@ def job(coordinator: Coordinator, job_id: int) -> dict[str, Any]:
 
 
 def test_vanished_worker_lease_is_requeued_and_completed_by_another(coordinator_factory: Any) -> None:
-    coordinator: Coordinator = coordinator_factory(**FAST)
+    # 3 s leases, not FAST's 1 s: the second worker's lease must outlive the checks made while it holds
+    # it (a loaded CI host once took over 1 s between its lease and its result: 409)
+    coordinator: Coordinator = coordinator_factory(**{**FAST, "KERNELFLEET_LEASE_SECONDS": "3"})
     create_campaign(coordinator)
     _, gone = enroll(coordinator, "gone")
     _, alive = enroll(coordinator, "alive")
     with coordinator.client(gone) as g, coordinator.client(alive) as a:
         first = lease(g)
-        assert first is not None and first["lease_seconds"] == 1.0
+        assert first is not None and first["lease_seconds"] == 3.0
         assert lease(a) is None  # the only job is leased
         # the first worker disappears: no heartbeat, no result
         second = wait_for(lambda: lease(a))
         assert second["job_id"] == first["job_id"] and second["lease_token"] != first["lease_token"]
         state = job(coordinator, first["job_id"])
         assert state["attempts"] == 2 and "lease expired" in state["last_error"]
+        # as the agent does: a heartbeat keeps the lease, then the result
+        hb = a.post(f"/jobs/{second['job_id']}/heartbeat", json={"lease_token": second["lease_token"]})
+        assert hb.status_code == 200, hb.text
         assert complete(a, second).status_code == 201
         late = complete(g, first)  # the vanished worker comes back too late
         assert late.status_code == 409, late.text
