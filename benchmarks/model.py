@@ -204,11 +204,18 @@ def restrict(path: str, kernels: str | None) -> Any:
 
 
 STOCK, PATCHED, CONTROL = "stock", "patched", "stock again"
+MIN_GAIN_US: float | None = None  # --min-gain: patch()'s gain gate (None: each kernel's default)
+
+
+def patch(model: nn.Module, profile: Any) -> Any:
+    """``kernelfleet.patch`` as the patched side runs it (with ``--min-gain`` where given)."""
+    return model_patch.patch(model, profile, min_gain_us=MIN_GAIN_US)
+
 Sides = dict[str, Callable[[nn.Module], Any] | None]  # side -> how to patch the model for it (None: stock)
 
 
 def sides(profile: Any, control: bool) -> Sides:
-    out: Sides = {STOCK: None, PATCHED: lambda m: model_patch.patch(m, profile)}
+    out: Sides = {STOCK: None, PATCHED: lambda m: patch(m, profile)}
     if control:
         out[CONTROL] = None
     return out
@@ -295,7 +302,7 @@ def logits_check(model: nn.Module, profile: Any, n: int) -> tuple[str, float]:
     """The line, and the largest |patched - stock| logit (the tolerance :func:`greedy_check` uses)."""
     tokens = mx.random.randint(0, TOKEN_IDS, (1, n), key=mx.random.key(7))
     stock = model(tokens).astype(mx.float32)
-    model_patch.patch(model, profile)
+    patch(model, profile)
     patched = model(tokens).astype(mx.float32)
     model_patch.unpatch(model)
     diff = mx.abs(stock - patched).max().item()
@@ -328,7 +335,7 @@ def greedy_check(model: nn.Module, profile: Any, steps: int, tol: float) -> str:
     where stock's top-2 margin is within ``tol`` (the logits check's largest difference); from there
     on the two may part."""
     stock, margins = greedy(model, steps)
-    model_patch.patch(model, profile)
+    patch(model, profile)
     try:
         patched, _ = greedy(model, steps)
     finally:
@@ -380,7 +387,7 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> None:
 
 def measure_model(model: nn.Module, keys: list, profile: Any, view: Any, args: argparse.Namespace,
                   emit: Callable[[str], None]) -> None:
-    report = model_patch.patch(model, profile)
+    report = patch(model, profile)
     model_patch.unpatch(model)
     emit("\n".join("  " + line for line in str(report).splitlines()))
     text, diff = logits_check(model, profile, max(args.prefill))
@@ -433,8 +440,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="tune: configs tried per shape besides the built-in (0: every candidate)")
     p.add_argument("--max-seconds", type=float, default=540.0,
                    help="tune: stop starting new shapes after this long (run again to resume)")
+    p.add_argument("--min-gain", type=float, metavar="US",
+                   help="run: the patch's gain gate, µs a call a custom pick must save (default: each "
+                   "kernel's own, kernelfleet.patch's min_gain_us=None)")
     p.add_argument("--out", help="run: also write the report here; tune: the profile file (required)")
     args = p.parse_args(argv)
+    global MIN_GAIN_US
+    MIN_GAIN_US = args.min_gain
     small = args.tiny
     args.prefill = args.prefill or ([32, 64] if small else [512, 2048])
     args.decode = args.decode or [1, 8]

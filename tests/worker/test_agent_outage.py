@@ -32,8 +32,11 @@ from agent_support import (
 pytestmark = pytest.mark.coordinator_process
 
 # Long enough that a worker on a loaded 2-core CI machine delivers its spool within the one lease
-# period the restarted coordinator grants (service/reaper.py: grant_restart_grace).
-LEASE_SECONDS = 5.0
+# period the restarted coordinator grants (service/reaper.py: grant_restart_grace), and that no
+# lease runs out before the outage: with 5 s, a CI run under load (2026-11-28) had job 2's lease
+# requeued before the coordinator was stopped, its result refused with 409 (heartbeats every
+# lease/3 went unanswered for over 3 s).
+LEASE_SECONDS = 8.0
 OUTAGE_SECONDS = LEASE_SECONDS + 2.0
 
 
