@@ -41,6 +41,10 @@ against the first stock side is this pairing's own noise, printed beside each ro
 - greedy: ``--greedy`` steps of greedy decoding after a 16-token prompt, stock and patched: the
   tokens must agree at every step before the first where stock's top-2 margin is within the logits'
   largest difference (``ok``, else ``MISMATCH``);
+- per decode row, the memory bound: the bytes a step must read (the weights, less the embedding
+  table's unread rows; of MoE experts the expected share the batch routes to; the KV cache) at the
+  copy bandwidth measured at start (``benchmarks/bandwidth.py``), as tokens/s, and each side's share
+  of it;
 - the share of the stock forward's time spent in the ops the patch replaces (Amdahl): each op the
   patch routes, at the shapes and counts one forward calls it (counted through the patch), timed in
   isolation as the built-in and as the profile's choice, against the measured forward. Isolated op
@@ -69,6 +73,7 @@ from __future__ import annotations
 import argparse
 import gc
 import hashlib
+import importlib.util
 import json
 import statistics
 import sys
@@ -98,6 +103,11 @@ from kernelfleet.kernels.patch.model_shapes import derive
 from kernelfleet.kernels.patch.model_timing import decode_s, prefill_s, primed, without_gc
 from kernelfleet.kernels.patch.paired import paired_speedup, verdict
 from kernelfleet.kernels.spec import BUILTIN, config_key, parse_shape
+
+_spec = importlib.util.spec_from_file_location("kf_bench_bandwidth", Path(__file__).with_name("bandwidth.py"))
+assert _spec and _spec.loader
+bandwidth: Any = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bandwidth)  # the copy bandwidth a decode step's memory bound is taken at
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = [ROOT / "tests/data/models/llama-3-8b.json", ROOT / "tests/data/models/qwen3-30b-a3b.json"]
@@ -298,6 +308,45 @@ def amdahl(model: nn.Module, keys: list, view: Any, work: Callable[[], Any], for
             f"at most {ceiling:.3f}x")
 
 
+EXPERT_LAYERS = ("SwitchLinear", "QuantizedSwitchLinear")  # mlx-lm's MoE experts: weight (E, N, K)
+
+
+def step_bytes(model: nn.Module, cache: list[Any], batch: int) -> tuple[float, float]:
+    """(weights, KV cache) bytes a decode step at ``batch`` must read at least: every parameter but the
+    embedding table (a step reads ``batch`` of its rows; all of it where the LM head is the tied
+    embedding); of each MoE expert layer, the expected share of experts ``batch`` tokens route to
+    (``E (1 - (1 - k/E)^batch)`` of E, for top-k routing spread evenly); and the cache's keys and
+    values up to its offset."""
+    margs = getattr(model, "args", None)
+    tied = bool(getattr(margs, "tie_word_embeddings", False))
+    topk = int(getattr(margs, "num_experts_per_tok", 0) or 0)
+    weights = 0.0
+    for _, module in model.named_modules():
+        own = sum(v.nbytes for v in module.values() if isinstance(v, mx.array))
+        if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)) and not tied:
+            own = own * batch / max(module.weight.shape[0], 1)
+        elif type(module).__name__ in EXPERT_LAYERS and topk:
+            experts = module.weight.shape[0]
+            own = own * (1 - (1 - min(topk, experts) / experts) ** batch)
+        weights += own
+    kv = 0.0
+    for c in cache:
+        keys, values = getattr(c, "keys", None), getattr(c, "values", None)
+        if isinstance(keys, mx.array) and isinstance(values, mx.array) and keys.ndim == 4:
+            kv += (keys.nbytes + values.nbytes) * min(c.offset / max(keys.shape[2], 1), 1.0)
+    return weights, kv
+
+
+def memory_bound(weights: float, kv: float, gbs: float, batch: int, times: dict[str, list[float]]) -> str:
+    """The decode row's memory limit: the step's bytes at the measured copy bandwidth, and each side's
+    median step against it."""
+    floor = (weights + kv) / (gbs * 1e9)
+    share = {side: floor / statistics.median(times[side]) for side in (STOCK, PATCHED)}
+    return (f"memory bound: {(weights + kv) / 1e6:.1f} MB a step (weights {weights / 1e6:.1f}, KV cache "
+            f"{kv / 1e6:.1f}) at {gbs:.0f} GB/s copy: at most {batch / floor:.1f} tok/s; stock at "
+            f"{share[STOCK]:.1%} of it, patched {share[PATCHED]:.1%}")
+
+
 def logits_check(model: nn.Module, profile: Any, n: int) -> tuple[str, float]:
     """The line, and the largest |patched - stock| logit (the tolerance :func:`greedy_check` uses)."""
     tokens = mx.random.randint(0, TOKEN_IDS, (1, n), key=mx.random.key(7))
@@ -369,6 +418,9 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> None:
     import mlx_lm
 
     emit(f"device: {target.chip} ({target.backend}); mlx {mx.__version__}, mlx-lm {mlx_lm.__version__}")
+    bw = bandwidth.copy_bandwidth(target.backend, 1 << 24 if args.tiny else 1 << 30)
+    args.copy_gbs = bw["limit"]
+    emit(f"copy bandwidth (read + write): {', '.join(f'{k} {v:.0f} GB/s' for k, v in bw.items())}")
     emit(f"prefill {args.prefill}, decode batches {args.decode} ({args.steps} steps after "
          f"{args.context} tokens), {args.rounds} interleaved rounds")
     for config in configs(args):
@@ -407,6 +459,7 @@ def measure_model(model: nn.Module, keys: list, profile: Any, view: Any, args: a
         step = mx.zeros((b, 1), mx.int32)
         emit("    " + amdahl(model, keys, view, lambda c=cache, t=step: model(t, cache=c),
                              statistics.median(times[STOCK]), args.launches, (b, 1)))
+        emit("    " + memory_bound(*step_bytes(model, cache, b), args.copy_gbs, b, times))
 
 
 def main(argv: list[str] | None = None) -> int:

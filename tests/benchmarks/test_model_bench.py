@@ -39,6 +39,8 @@ def test_tiny_run_end_to_end() -> None:
     assert out.count("prefill 16 ") == 4 and out.count("decode batch 2 ") == 4
     assert out.count("patched/stock") == 8 and out.count("replaced ops") == 8
     assert out.count("control, stock against stock: ") == 8
+    assert "copy bandwidth (read + write): mlx_x_plus_0 " in out
+    assert out.count("memory bound: ") == 4 and out.count("stock at ") == 4
     assert out.count("argmax agrees at 100.0%") == 4
     assert out.count("greedy 8 steps: same tokens") == 4
     # the quantized models' linear layers run quantized_matmul (the Qwen3-MoE router in 8 bits, as
