@@ -1,5 +1,6 @@
 """Campaigns: each kernel x its shapes x dtypes, expanded into one job each, and a model's runtime
-settings, one job per chip and quantization (:func:`runtime_targets`); progress counts per state;
+settings, one job per chip and quantization (:func:`runtime_targets`; a chip whose first worker
+enrolls later gets its own: :func:`runtime_jobs_for_chip`); progress counts per state;
 the warning at creation when no enrolled worker can run them. Cancel, delete and retry live in
 :mod:`kernelfleet.service.campaign_control`.
 
@@ -65,6 +66,46 @@ def runtime_targets(session: Session, backend: Backend | None, chip: str | None
     chips = sorted({(Backend(b), c) for b, c in rows
                     if (backend is None or b == backend) and (chip is None or chip_matches(chip, c))})
     return [(b, exact_chip_pattern(c)) for b, c in chips] or [(backend, chip)]
+
+
+def runtime_jobs_for_chip(session: Session, backend: Backend, chip: str) -> int:
+    """A worker of ``chip`` enrolled (called in its enrollment's transaction): every campaign with
+    runtime-settings jobs, not cancelled, whose target matches the chip and that holds none of its
+    runtime jobs for that chip exactly, gets them, as if the chip had been enrolled when the campaign
+    was made: its queued jobs on the campaign's own target (made while no worker was enrolled) move to
+    the chip, and one job is added per (model, quantization) the campaign searches that none of those
+    covers. Returns the jobs moved or added."""
+    exact = exact_chip_pattern(chip)
+    campaigns = session.scalars(select(Campaign).where(Campaign.cancelled_at.is_(None),
+                                                       Campaign.deleted_at.is_(None))).all()
+    changed = 0
+    for campaign in campaigns:
+        if "runtime_settings" not in (campaign.spec or {}):
+            continue
+        if campaign.target_backend not in (None, backend) or (
+                campaign.target_chip is not None and not chip_matches(campaign.target_chip, chip)):
+            continue
+        jobs = session.scalars(select(Job).where(Job.campaign_id == campaign.id,
+                                                 Job.kind == JobKind.runtime_settings)).all()
+        if any(j.target_backend == backend and j.target_chip == exact for j in jobs):
+            continue
+        target = target_id(session, backend, exact)
+        fallback = [j for j in jobs if j.state == JobState.queued
+                    and (j.target_backend, j.target_chip) == (campaign.target_backend, campaign.target_chip)]
+        for job in fallback:
+            job.target_backend, job.target_chip, job.target_id = backend, exact, target
+        # every (model, quantization) the campaign searches that no moved job covers
+        searched = sorted({(j.shape, j.dtype) for j in jobs} - {(j.shape, j.dtype) for j in fallback})
+        if searched:
+            session.execute(insert(Job), [
+                {"campaign_id": campaign.id, "kind": JobKind.runtime_settings, "kernel": JOB_KERNEL,
+                 "shape": shape, "dtype": dtype, "target_backend": backend, "target_chip": exact,
+                 "target_id": target, "state": JobState.queued, "attempts": 0,
+                 "max_attempts": campaign.max_attempts}
+                for shape, dtype in searched])
+        changed += len(fallback) + len(searched)
+    session.flush()
+    return changed
 
 
 def campaign_spec(kernel_shapes: dict[str, list[str]], dtypes: list[str]) -> dict[str, Any]:

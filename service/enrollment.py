@@ -9,6 +9,7 @@ from sqlalchemy import case, select, update
 from sqlalchemy.orm import Session
 
 from kernelfleet.service.auth import ENROLL_PREFIX, WORKER_PREFIX, digest, new_token, revoke
+from kernelfleet.service.campaigns import runtime_jobs_for_chip
 from kernelfleet.service.db import db_now, immediate
 from kernelfleet.service.errors import Unauthorized
 from kernelfleet.service.models import Backend, EnrollmentToken, Worker
@@ -54,6 +55,11 @@ def enroll_worker(session: Session, body: EnrollIn) -> tuple[int, str]:
         session.execute(update(EnrollmentToken).where(EnrollmentToken.id == claimed)
                         .values(worker_id=worker.id).execution_options(synchronize_session=False))
         worker_id = worker.id
+        others = session.scalar(select(Worker.id).where(
+            Worker.backend == worker.backend, Worker.chip == worker.chip, Worker.id != worker_id,
+            Worker.revoked_at.is_(None)).limit(1))
+        if others is None:  # the chip's first worker: the campaigns made before it get its jobs
+            runtime_jobs_for_chip(session, worker.backend, worker.chip)
     return worker_id, token
 
 
