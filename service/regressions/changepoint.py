@@ -17,7 +17,8 @@ into an earlier and a later level. The pass:
    runs on each side): in the first segment, a faster level of 1 to ``edge_runs`` runs; in the last,
    a slower level of ``edge_tail`` (3) to ``edge_runs`` runs (one or two runs at the end may be
    a bad run or a bad pair: the online detector's suspect, settled by its confirmation re-runs).
-   These use :func:`.segments.level_shift` with the stricter ``edge_alpha``, and every run of the
+   These use :func:`.segments.level_shift` (trimmed means of the levels: ``prior.trim``) with the
+   stricter ``edge_alpha``, and every run of the
    short side must clear the other level's median by ``floor * min_effect``, so a bad run or two
    next to the end cannot make a step;
 7. merges consecutive slower splits less than ``merge_within`` runs apart (a ramp is cut into
@@ -56,19 +57,20 @@ class ChangePointDetector:
     name: str = "changepoint"
     min_segment: int = 5
     permutations: int = 999
-    p_threshold: float = 0.005
+    p_threshold: float = 0.01
     clip_sigmas: float = 3.0
     seed: int = 20261126
     merge_within: int = 15  # runs: slower steps closer than this are one (gradual) change
     refine_runs: int = 2  # a cut may move this far to where the change is clearest
     edge_runs: int = 4  # a change this close to either end is looked for by the edge test
-    edge_alpha: float = 1.5e-3
+    edge_alpha: float = 3e-3
     pair_ceiling: float = 0.20  # a slower level shorter than edge_tail is reported from this effect on
     edge_tail: int = 3  # the shortest slower level at the end (bad runs come alone and in pairs; a
     # step in the last one or two runs is the online detector's, settled by its re-runs)
     floor: float = 0.5
     robust_alpha: float = 1e-2  # a finding without its worst bad run or pair (see _robust)
-    prior: Prior = field(default_factory=Prior)
+    # the scan sees whole levels of many runs: trimmed means, not medians (see segments._trimmed_level)
+    prior: Prior = field(default_factory=lambda: Prior(trim=2.5))
 
     def scan(self, runs: Sequence[RunPoint], min_effect: float) -> list[Finding]:
         raw = np.array([p.log_median for p in runs], dtype=float)

@@ -8,7 +8,9 @@ step nor one bad run inflates it) shrunk towards a prior sigma with ``prior_df``
 (a scaled-inverse-chi-square prior), and floored by the within-run error of the runs' medians.
 The difference of the two levels' medians is then a Student-t statistic with the pooled degrees of
 freedom, and the variance of a median of ``n`` runs gets its small-sample factor (1 for one or two
-runs, up to pi/2 for many).
+runs, up to pi/2 for many). With ``Prior.trim`` (the scan's), a level of three or more runs is
+instead the mean of its runs within ``trim`` sigmas of its median (a bad run left out), with a
+mean's variance.
 
 One bad run must not make a step: every run on the slower side has to be at least ``floor`` above
 the faster level, and the level difference at least ``min_effect``.
@@ -42,6 +44,8 @@ class Prior:
     pair_spread: float = 4.0  # two slower runs further apart than this many sigmas (+ half the step)
     # are no one level
     level_sigmas: float = 0.5  # a slower run more sigmas below the levels' midpoint is not at the new level
+    trim: float = 0.0  # > 0: each level of 3 or more runs is the mean of its runs within this many
+    # sigmas of its median (a bad run left out), not the median (see _trimmed_level)
 
 
 def _level(x: np.ndarray, sigma: float, clip: float) -> float:
@@ -51,6 +55,18 @@ def _level(x: np.ndarray, sigma: float, clip: float) -> float:
         low = float(x.min())
         return (low + min(float(x.max()), low + clip * sigma)) / 2
     return float(np.median(x))
+
+
+def _trimmed_level(x: np.ndarray, sigma: float, trim: float) -> tuple[float, float]:
+    """A level and its variance factor (in units of sigma^2 / len(x)): the mean of the runs within
+    ``trim`` sigmas of their median, when at least 3 are, else the median. The median of many runs
+    wastes a third of their information (variance pi/2 sigma^2 / n); leaving out only the runs far
+    from it (bad runs) keeps the robustness and most of a mean's precision."""
+    m = float(np.median(x))
+    keep = x[np.abs(x - m) <= trim * sigma]
+    if len(x) < 3 or len(keep) < 3:
+        return m, median_var_factor(len(x))
+    return float(keep.mean()), len(x) / len(keep)
 
 
 @dataclass(frozen=True)
@@ -135,7 +151,12 @@ def level_shift(
     within = float(np.median([p.median_se for p in runs]))
     sigma, df = pooled_sigma(x, [(0, tau), (tau, n)], within, prior)
     before, after = float(np.median(x[:tau])), _level(x[tau:], sigma, prior.pair_clip)
-    se = sigma * np.sqrt(median_var_factor(tau) / tau + median_var_factor(n - tau) / (n - tau))
+    fb, fa = median_var_factor(tau), median_var_factor(n - tau)
+    if prior.trim > 0:
+        before, fb = _trimmed_level(x[:tau], sigma, prior.trim)
+        if n - tau >= 3:
+            after, fa = _trimmed_level(x[tau:], sigma, prior.trim)
+    se = sigma * np.sqrt(fb / tau + fa / (n - tau))
     t = (after - before) / se
     from scipy import special  # here, not at import: scipy is most of a coordinator's start
 

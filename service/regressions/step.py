@@ -31,7 +31,10 @@ runs in a row). Nor is one whose slower runs no longer make a step (``robust_alp
 once any one run or pair of consecutive runs among them is left out (:attr:`.base.Finding.robust`):
 a bad pair must not lift an ordinary run of wander into a step, so the effect, not each run, has to
 clear ``min_effect`` without it. Such a suspect gets more re-runs, and at ``settle_max`` slower runs
-it is dismissed.
+it is dismissed. So does a joint finding whose p-value is short of ``confirm_alpha`` but below
+``pending_alpha`` (a small step on a few runs; its evidence grows with each re-run): it is returned
+pending (:meth:`settled` says no) until ``settle_max`` slower runs, then dismissed unless it clears
+``confirm_alpha``.
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ class StepDetector:
     sample_alpha: float = 1e-3
     sample_runs: int = 3
     confirm_alpha: float = 1.5e-3
+    pending_alpha: float = 1e-2  # a joint p-value below this (not yet confirm_alpha) earns one more
+    # re-run, up to settle_max slower runs: a small step's evidence grows with each re-run
     floor: float = 0.5  # every slower run is at least floor * min_effect above the faster level
     improvement: float = 0.05  # a faster level by this much restarts the baseline
     settle_runs: int = 4  # slower runs (the suspect's and its re-runs) a confirmed step rests on ...
@@ -99,7 +104,8 @@ class StepDetector:
     ) -> Finding | None:
         """``history``: the runs since the baseline started up to the re-run (the suspect's slower
         runs from ``suspect.index`` on included); ``rerun``: the confirmation run. The joint
-        finding when the slower runs and the re-run together clear ``confirm_alpha``."""
+        finding when the slower runs and the re-run together clear ``confirm_alpha``, or, short of
+        ``settle_max`` slower runs, ``pending_alpha`` (pending: not :meth:`settled`)."""
         if not 0 < suspect.index <= len(history):
             return None
         skip = max(0, suspect.index - (self.window - self.lookback))
@@ -107,11 +113,14 @@ class StepDetector:
         runs = [*history[skip:], rerun]
         x = np.array([p.log_median for p in runs], dtype=float)
         best = self._shift(runs, x, suspect.index - skip, min_effect)
-        if best is None or best.p_value >= self.confirm_alpha:
+        if best is None:
+            return None
+        last = len(runs) - best.tau >= self.settle_max  # as many re-runs as a step gets
+        if best.p_value >= self.confirm_alpha and (best.p_value >= self.pending_alpha or last):
             return None
         robust = self._robust(runs, x, best.tau, min_effect)
-        if not robust and len(runs) - best.tau >= self.settle_max:
-            return None  # as many re-runs as a step gets, and still a bad stretch could make it
+        if not robust and last:
+            return None  # and still a bad stretch could make it
         return replace(self._finding(best, skip), robust=robust)
 
     def _robust(self, runs: Sequence[RunPoint], x: np.ndarray, tau: int, min_effect: float) -> bool:
@@ -135,10 +144,13 @@ class StepDetector:
         """Whether a joint finding on ``runs`` runs (index of the first slower run to the newest,
         the re-run included) is enough to alert: at least ``settle_runs`` slower runs, or an effect
         of ``pair_ceiling`` or more, and the step holds without any one bad run or bad pair among
-        them (:attr:`.base.Finding.robust`). Bad runs come alone and in pairs (a device's state
+        them (:attr:`.base.Finding.robust`), and its p-value clears ``confirm_alpha`` (a pending
+        finding waits for more re-runs). Bad runs come alone and in pairs (a device's state
         lasts a run or two), and a spike may land next to a pair, so two or three slower runs of a
         modest effect are what odd runs look like; the coordinator asks for one more re-run
         instead."""
+        if joint.p_value >= self.confirm_alpha:
+            return False  # pending: the joint evidence is not yet strong enough (see confirms)
         return (runs >= self.settle_runs and joint.robust) or joint.effect >= self.pair_ceiling
 
     def since_improvement(self, history: Sequence[RunPoint]) -> int:

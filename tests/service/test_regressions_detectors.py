@@ -291,3 +291,56 @@ def test_shift_at_a_known_change_needs_the_loss_beyond_the_rounds_noise() -> Non
     noisy = rounds([1.35, 1.05, 1.3, 1.02, 1.25], "0.31.0") + rounds([1.2, 0.95, 1.28, 1.0, 1.1], "0.32.0")
     assert step.shift_at(noisy, 5, MIN_EFFECT) is None
     assert step.shift_at(steady, 1, MIN_EFFECT) is None  # one round before the change: no baseline
+
+
+def test_a_small_step_short_of_confirm_alpha_gets_more_reruns_not_a_dismissal() -> None:
+    """A 5 % step on a series that wanders 1.5 % a run: the suspect and its first re-run are jointly
+    short of ``confirm_alpha`` but below ``pending_alpha``, so the suspect is pending (not settled:
+    one more re-run), not dismissed; two more runs at the new level settle it, and a re-run back at
+    the baseline still dismisses it."""
+    from kernelfleet.service.regressions.step import StepDetector
+
+    step = StepDetector()
+    history = series([100.0] * 10, seed=0, run_sigma=0.015)
+    rng = np.random.default_rng(1000)
+    slow = [run(105.0 * float(np.exp(rng.normal(0, 0.015))), rng) for _ in range(4)]
+    suspect = step.check(history, slow[0], MIN_EFFECT)
+    assert suspect is not None and suspect.index == 10
+    pending = step.confirms([*history, slow[0]], suspect, slow[1], MIN_EFFECT)
+    assert pending is not None and step.confirm_alpha <= pending.p_value < step.pending_alpha
+    assert not step.settled(pending, 2)
+    # before: a joint p-value short of confirm_alpha dismissed the suspect at once
+    assert StepDetector(pending_alpha=step.confirm_alpha).confirms(
+        [*history, slow[0]], suspect, slow[1], MIN_EFFECT) is None
+    joint = step.confirms([*history, *slow[:3]], suspect, slow[3], MIN_EFFECT)
+    assert joint is not None and joint.p_value < step.confirm_alpha and step.settled(joint, 4)
+    assert 0.03 < joint.effect < 0.08
+    assert step.confirms([*history, slow[0]], suspect, run(100.3, rng), MIN_EFFECT) is None
+    # at settle_max slower runs a step still short of confirm_alpha is dismissed
+    flat = [run(103.2, rng) for _ in range(5)]
+    last = step.confirms([*history, *flat[:4]], suspect, flat[4], MIN_EFFECT)
+    assert last is None or last.p_value < step.confirm_alpha
+
+
+def test_the_scan_finds_a_small_step_after_three_runs_by_trimmed_levels() -> None:
+    """A 5 % step after three runs, on a series that wanders 1.5 % a run: the medians of the two
+    levels left the edge test short of its alpha; the trimmed means (a bad run left out) find it."""
+    from kernelfleet.service.regressions.changepoint import ChangePointDetector
+
+    runs = series([100.0] * 3 + [105.0] * 12, seed=2, run_sigma=0.015)
+    [found] = ChangePointDetector().scan(runs, MIN_EFFECT)
+    assert found.index == 3 and 0.03 < found.effect < 0.07
+    before = ChangePointDetector(p_threshold=0.005, edge_alpha=1.5e-3, prior=Prior())
+    assert before.scan(runs, MIN_EFFECT) == []
+
+
+def test_a_trimmed_level_leaves_a_bad_run_out() -> None:
+    """The trimmed level of a baseline with one bad run (+12 %) is the mean of the others, with the
+    precision of a mean of the runs kept; with trim 0 the test is the median one."""
+    runs = series([100.0] * 9 + [112.0] + [106.0] * 5, seed=3, run_sigma=0.01)
+    trimmed = level_shift(runs, 10, Prior(trim=2.5))
+    plain = level_shift(runs, 10, Prior())
+    assert 0.04 < trimmed.effect < 0.08
+    assert trimmed.p_value < plain.p_value
+    x = np.array([p.log_median for p in runs[:10]])
+    assert abs(trimmed.before - float(np.mean(x[:9]))) < 1e-12
