@@ -84,7 +84,10 @@ def test_vanished_database_is_json_503_and_html_503(coordinator: Coordinator) ->
         pytest.skip("PostgreSQL only: an open SQLite file cannot vanish from under its connections")
     name = make_url(coordinator.db_url).database
     cut = f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
-    _admin_sql(cut, f'ALTER DATABASE "{name}" RENAME TO "{name}_gone"')
+    # no new connection between the cut and the rename (the coordinator's pool reconnects at once: a CI
+    # run's rename once found "1 other session using the database")
+    _admin_sql(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false', cut,
+               f'ALTER DATABASE "{name}" RENAME TO "{name}_gone"')
     try:
         health = httpx.get(coordinator.url + "/healthz", timeout=30.0)
         assert health.status_code == 503 and health.json()["database"] == "unreachable"
@@ -95,7 +98,8 @@ def test_vanished_database_is_json_503_and_html_503(coordinator: Coordinator) ->
         assert page.status_code == 503 and page.headers["content-type"].startswith("text/html")
         assert "Database unavailable" in page.text
     finally:
-        _admin_sql(f'ALTER DATABASE "{name}_gone" RENAME TO "{name}"')
+        _admin_sql(f'ALTER DATABASE "{name}_gone" RENAME TO "{name}"',
+                   f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
     assert httpx.get(coordinator.url + "/healthz", timeout=30.0).status_code == 200
     with coordinator.admin() as admin:
         assert admin.get("/workers").status_code == 200
