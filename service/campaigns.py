@@ -21,7 +21,7 @@ from kernelfleet.service.db import db_now, immediate
 from kernelfleet.service.errors import NotFound
 from kernelfleet.service.models import Backend, Campaign, Job, JobKind, JobState, Worker
 from kernelfleet.service.schemas import CampaignIn, CampaignOut, Progress
-from kernelfleet.service.targets import chip_matches, exact_chip_pattern, target_id
+from kernelfleet.service.targets import exact_chip_pattern, target_id, target_matches
 
 
 def create_campaign(session: Session, body: CampaignIn, default_max_attempts: int) -> int:
@@ -46,10 +46,7 @@ def create_campaign(session: Session, body: CampaignIn, default_max_attempts: in
         session.flush()
         targets = {where: target_id(session, *where) for where in {j[4] for j in jobs}}
         session.execute(insert(Job), [
-            {"campaign_id": campaign.id, "kind": kind, "kernel": k, "shape": s, "dtype": d,
-             "target_backend": where[0], "target_chip": where[1], "target_id": targets[where],
-             "state": JobState.queued,
-             "attempts": 0, "max_attempts": max_attempts}
+            _queued(campaign.id, kind, k, s, d, where, targets[where], max_attempts)
             for kind, k, s, d, where in jobs
         ])
         campaign_id = campaign.id
@@ -63,27 +60,32 @@ def runtime_targets(session: Session, backend: Backend | None, chip: str | None
     its backend; the campaign's own target while none is enrolled."""
     rows = session.execute(select(Worker.backend, Worker.chip).distinct()
                            .where(Worker.revoked_at.is_(None))).all()
-    chips = sorted({(Backend(b), c) for b, c in rows
-                    if (backend is None or b == backend) and (chip is None or chip_matches(chip, c))})
+    chips = sorted({(Backend(b), c) for b, c in rows if target_matches(backend, chip, b, c)})
     return [(b, exact_chip_pattern(c)) for b, c in chips] or [(backend, chip)]
 
 
-def runtime_jobs_for_chip(session: Session, backend: Backend, chip: str) -> int:
+def _queued(campaign_id: int, kind: JobKind, kernel: str, shape: str, dtype: str,
+            where: tuple[Backend | None, str | None], target: int, max_attempts: int) -> dict[str, Any]:
+    """One new job's row, queued on the target ``where`` (its id ``target``)."""
+    return {"campaign_id": campaign_id, "kind": kind, "kernel": kernel, "shape": shape, "dtype": dtype,
+            "target_backend": where[0], "target_chip": where[1], "target_id": target,
+            "state": JobState.queued, "attempts": 0, "max_attempts": max_attempts}
+
+
+def runtime_jobs_for_chip(session: Session, backend: Backend, chip: str) -> None:
     """A worker of ``chip`` enrolled (called in its enrollment's transaction): every campaign with
     runtime-settings jobs, not cancelled, whose target matches the chip and that holds none of its
     runtime jobs for that chip exactly, gets them, as if the chip had been enrolled when the campaign
     was made: its queued jobs on the campaign's own target (made while no worker was enrolled) move to
     the chip, and one job is added per (model, quantization) the campaign searches that none of those
-    covers. Returns the jobs moved or added."""
+    covers."""
     exact = exact_chip_pattern(chip)
     campaigns = session.scalars(select(Campaign).where(Campaign.cancelled_at.is_(None),
                                                        Campaign.deleted_at.is_(None))).all()
-    changed = 0
     for campaign in campaigns:
         if "runtime_settings" not in (campaign.spec or {}):
             continue
-        if campaign.target_backend not in (None, backend) or (
-                campaign.target_chip is not None and not chip_matches(campaign.target_chip, chip)):
+        if not target_matches(campaign.target_backend, campaign.target_chip, backend, chip):
             continue
         jobs = session.scalars(select(Job).where(Job.campaign_id == campaign.id,
                                                  Job.kind == JobKind.runtime_settings)).all()
@@ -98,14 +100,9 @@ def runtime_jobs_for_chip(session: Session, backend: Backend, chip: str) -> int:
         searched = sorted({(j.shape, j.dtype) for j in jobs} - {(j.shape, j.dtype) for j in fallback})
         if searched:
             session.execute(insert(Job), [
-                {"campaign_id": campaign.id, "kind": JobKind.runtime_settings, "kernel": JOB_KERNEL,
-                 "shape": shape, "dtype": dtype, "target_backend": backend, "target_chip": exact,
-                 "target_id": target, "state": JobState.queued, "attempts": 0,
-                 "max_attempts": campaign.max_attempts}
+                _queued(campaign.id, JobKind.runtime_settings, JOB_KERNEL, shape, dtype, (backend, exact),
+                        target, campaign.max_attempts)
                 for shape, dtype in searched])
-        changed += len(fallback) + len(searched)
-    session.flush()
-    return changed
 
 
 def campaign_spec(kernel_shapes: dict[str, list[str]], dtypes: list[str]) -> dict[str, Any]:
@@ -149,8 +146,7 @@ def target_warnings(session: Session, backend: Backend | None, chip: str | None,
         select(Worker.backend, Worker.chip, Worker.last_heartbeat_at >= db_now(-offline_after_seconds))
         .where(Worker.revoked_at.is_(None))
     ).all()
-    matching = [r for r in rows if (backend is None or r[0] == backend)
-                and (chip is None or chip_matches(chip, r[1]))]
+    matching = [r for r in rows if target_matches(backend, chip, r[0], r[1])]
     if not matching:
         have = sorted({f"{r[1]} ({Backend(r[0]).value})" for r in rows})
         enrolled = f"enrolled: {', '.join(have[:10])}" if have else "no worker is enrolled yet"

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from kernelfleet.service.db import db_now
 from kernelfleet.service.models import Backend, Job, JobState, JobTarget
-from kernelfleet.service.targets import chip_matches
+from kernelfleet.service.targets import target_matches
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +44,7 @@ def _ready(session_factory: sessionmaker[Session], wanted: dict[Machine, int]) -
         for (backend, chip), cap in wanted.items():
             total = 0
             for t in targets:
-                if total >= cap or (t.target_backend not in (None, backend)) or \
-                        (t.target_chip is not None and not chip_matches(t.target_chip, chip)):
+                if total >= cap or not target_matches(t.target_backend, t.target_chip, backend, chip):
                     continue
                 if t.id not in counted:
                     probe = (select(Job.id).where(Job.target_id == t.id, Job.state == JobState.queued,

@@ -25,6 +25,14 @@ def chip_matches(pattern: str, chip: str) -> bool:
     return fnmatch.fnmatchcase(chip.casefold(), pattern.casefold())
 
 
+def target_matches(target_backend: Backend | None, target_chip: str | None, backend: Backend | str,
+                   chip: str) -> bool:
+    """Whether a target ``(backend or None, chip glob or None)`` takes a machine of ``backend`` and
+    ``chip`` (None: any)."""
+    return (target_backend is None or target_backend == backend) and (
+        target_chip is None or chip_matches(target_chip, chip))
+
+
 def exact_chip_pattern(chip: str) -> str:
     """A glob matching exactly ``chip`` (jobs target chips by glob)."""
     return re.sub(r"([*?\[])", r"[\1]", chip)
@@ -48,6 +56,4 @@ def target_id(session: Session, backend: Backend | None, chip: str | None) -> in
 def runnable_targets(session: Session, backend: Backend, chip: str) -> list[int]:
     """The targets whose jobs a worker with this backend and chip can run."""
     rows = session.execute(select(JobTarget.id, JobTarget.target_backend, JobTarget.target_chip)).all()
-    return [r.id for r in rows
-            if (r.target_backend is None or r.target_backend == backend)
-            and (r.target_chip is None or chip_matches(r.target_chip, chip))]
+    return [r.id for r in rows if target_matches(r.target_backend, r.target_chip, backend, chip)]
