@@ -103,7 +103,7 @@ QMV_BODY = r"""
               for (int j = 0; j < PER; ++j) {
                 const uint32_t half_word = j < HALF ? word : (word >> 16);
                 const uint32_t mask = ((1u << BITS) - 1u) << (BITS * (j % HALF));
-                const float wv = KF_AS_FLOAT((half_word & mask) | 0x4B000000u) - 8388608.0f;
+                const float wv = KF_AS_FLOAT(kf_and_or(half_word, mask, 0x4B000000u)) - 8388608.0f;
 #pragma unroll
                 for (int m = 0; m < MR; ++m) {
                   dot[m] += xf[m][k * PER + j] * wv;

@@ -113,6 +113,15 @@ __device__ __forceinline__ U kf_shfl_xor(U v, int mask) {
   return __shfl_xor_sync(0xffffffffu, v, mask);
 }
 
+// (a & mask) | c in one LOP3. Written plainly with two constants, ptxas emits two (a LOP3 takes
+// one immediate): the quantized kernels' code-to-float step, (word & mask) | exponent, runs once
+// per weight, so that is a third more of their instructions.
+__device__ __forceinline__ unsigned int kf_and_or(unsigned int a, unsigned int mask, unsigned int c) {
+  unsigned int d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(mask), "r"(c));
+  return d;
+}
+
 __device__ __forceinline__ float kf_warp_sum(float v) {
 #pragma unroll
   for (int m = 16; m > 0; m >>= 1) {

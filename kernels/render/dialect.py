@@ -77,6 +77,8 @@ HELPERS = (
     "kf_shfl_xor",   # kf_shfl_xor(value, mask): value of lane ^ mask (float, int or uint)
     "kf_row_sum",    # kf_row_sum(v, shared_buf, lane, warp, warps_per_row): sum over a row's warps
     "kf_row_max",    # kf_row_max(...): max over a row's warps
+    "kf_and_or",     # kf_and_or(a, mask, c): (a & mask) | c on 32-bit unsigned ints; CUDA: one LOP3
+                     # with c in a register (two constants would take two instructions)
 )
 
 _TOKEN_RE = re.compile(r"\bKF_\w+")

@@ -72,6 +72,10 @@ inline void kf_vstore_h(device T* p, size_t i, thread const kf_vec<T, N>& r) {
   kf_vstore<N>(p, i, r);
 }
 
+inline uint kf_and_or(uint a, uint mask, uint c) {
+  return (a & mask) | c;
+}
+
 inline float kf_warp_sum(float v) {
   return simd_sum(v);
 }
