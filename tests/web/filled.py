@@ -392,7 +392,10 @@ def _insert_regressions(filled: Filled) -> None:
     )
     engine = make_engine(filled.coordinator.db_url)
     try:
-        with engine.begin() as conn:
+        # a write transaction from its start (SQLite: BEGIN IMMEDIATE), as the coordinator's own writers
+        # take theirs: a deferred one that reads first and then writes fails at once with "database is
+        # locked" when the coordinator's background work commits in between (seen under load)
+        with engine.connect().execution_options(sqlite_immediate=True) as conn, conn.begin():
             for label, row in rows:
                 # the detector finds the Apple chips' step at their third run itself: keep its rows
                 found = conn.execute(select(Regression.id).where(
