@@ -1,4 +1,5 @@
-"""benchmarks/decode_floor.py in its CPU mode (--tiny): both rows per dtype, each a step time."""
+"""benchmarks/decode_floor.py in its CPU mode (--tiny): the step time of the model and of its floor
+config per dtype, and each QuantizedLinear route's row (--routes)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,22 @@ from . import BENCHMARKS
 
 pytest.importorskip("mlx_lm")
 
+KINDS = ("model", r"host floor \(hidden 256\)")
+ROUTES = ("stock", "MLX's op on (M, K), plain", "MLX's op on (M, K), mx.compile'd",
+          "default config, compiled (runtime.resolve)", "kernelfleet.patch, gain gate 0")
 
-def test_tiny_floor_rows() -> None:
-    cmd = [sys.executable, str(BENCHMARKS / "decode_floor.py"), "--tiny", "--dtypes", "4bit,bf16"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+def test_tiny_floor_and_routes() -> None:
+    cmd = [sys.executable, str(BENCHMARKS / "decode_floor.py"), "--tiny", "--routes", "--dtypes", "4bit"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    rows = re.findall(r"^llama 2 layers (model|host floor \(hidden 256\))\s+(4bit|bf16)\s+([\d.]+) ms a step",
-                      r.stdout, re.M)
-    assert sorted((kind, dt) for kind, dt, _ in rows) == sorted(
-        (kind, dt) for kind in ("model", "host floor (hidden 256)") for dt in ("4bit", "bf16"))
-    assert all(float(ms) > 0 for _, _, ms in rows)
+    for kind in KINDS:
+        for dt in ("4bit",):
+            assert re.search(rf"^llama 2 layers {kind}\s+{dt}\s+[\d.]+ ms a step", r.stdout, re.M), (kind, dt)
+        for route in ROUTES:
+            row = re.search(rf"^llama 2 layers {kind}\s+4bit {re.escape(route)}\s+([\d.]+) ms a step "
+                            r"\([+-][\d.]+ ms against stock, +[+-][\d.]+ us a QuantizedLinear call, "
+                            r"15 a step", r.stdout, re.M)
+            assert row and float(row.group(1)) > 0, (kind, route, r.stdout[-2000:])
+    # CPU runs no mx.fast kernel: the plain kernel route is left out, not faked
+    assert "spec.build" not in r.stdout
