@@ -266,7 +266,9 @@ def quantized_lines(args: argparse.Namespace, bench: Any, config: dict[str, Any]
                 finally:
                     model_patch.unpatch(model)
         assert report is not None
-        calls = max(sum(1 for m in report.patched if m.kind == "quantized linear"), 1)
+        # the projections the patch routes: one a quantized linear layer, three a gated MLP block
+        calls = max(sum({"quantized linear": 1, "quantized gated MLP": 3}.get(m.kind, 0)
+                        for m in report.patched), 1)
         stock, raw, patched = (statistics.median(v) for v in host.values())
         yield (f"  decode batch {b}, {config['num_hidden_layers']} layers: host µs to build one step, median "
                f"of {args.rounds} rounds: stock {stock:.1f}, raw kernel calls {raw:.1f} ({swapped[-1]} a "

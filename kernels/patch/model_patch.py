@@ -36,6 +36,7 @@ import mlx.nn as nn
 from ..common import dtype_name
 from . import runtime
 from .model_patterns import PATTERNS, KernelSwiGLU, Router, Site, wrap
+from .model_quant import BLOCKS as QUANTIZED_BLOCKS
 from .model_quant import PATTERNS as QUANTIZED_PATTERNS
 from .profile_view import DEFAULT_MIN_CONFIDENCE, ProfileView, load
 
@@ -167,7 +168,7 @@ def patch(model: nn.Module, profile: str | Path | dict[str, Any] | None = None, 
     shared: dict[Any, Any] = {}  # compiled graphs shared by the patched modules
     sites: list[tuple[str, nn.Module, Site]] = []
     for path, module in model.named_modules():
-        for pattern in (*PATTERNS, *QUANTIZED_PATTERNS):
+        for pattern in (*QUANTIZED_BLOCKS, *PATTERNS, *QUANTIZED_PATTERNS):
             site = pattern(module)
             if site is not None:
                 sites.append((path, module, site))

@@ -274,15 +274,25 @@ GATED_MLPS = {  # the __call__ line of mlx-lm's gated MLPs -> the catalog kernel
 }
 
 
-def gated_mlp(m: nn.Module) -> Site | None:
-    """mlx-lm's dense gated MLP: ``down_proj(act(gate_proj(x)) * up_proj(x))`` with SwiGLU (mlx-lm's
-    ``activations.swiglu``) or the tanh GELU (``nn.gelu_approx``, as the catalog's geglu)."""
+def gated_activation(m: nn.Module) -> str | None:
+    """The catalog kernel of the activation of mlx-lm's dense gated MLP ``m`` (its ``__call__`` is
+    ``down_proj(act(gate_proj(x)) * up_proj(x))`` with mlx-lm's own ``swiglu`` or ``nn.gelu_approx``),
+    or None when ``m`` is not such an MLP."""
     if not _mlx_lm(m, "MLP"):
         return None
     kernel = next((k for line, k in GATED_MLPS.items() if source_has(type(m), line)), None)
     names = vars(inspect.getmodule(type(m)) or nn)
     if kernel is None or (kernel == "swiglu" and names.get("swiglu") is not _swiglu_fn()) \
             or (kernel == "geglu" and names.get("nn") is not nn):
+        return None
+    return kernel
+
+
+def gated_mlp(m: nn.Module) -> Site | None:
+    """mlx-lm's dense gated MLP: ``down_proj(act(gate_proj(x)) * up_proj(x))`` with SwiGLU (mlx-lm's
+    ``activations.swiglu``) or the tanh GELU (``nn.gelu_approx``, as the catalog's geglu)."""
+    kernel = gated_activation(m)
+    if kernel is None:
         return None
     inter = _out_dims(m.gate_proj)
 

@@ -36,7 +36,7 @@ import mlx.nn as nn
 from ..common import prod
 from ..render.launch import interceptor
 from ..spec import Shape
-from .model_patterns import Call, Router, Site, source_has
+from .model_patterns import Call, Router, Site, gated_activation, source_has
 
 KERNEL = "quantized_matmul"
 GATHER = "gather_quantized_matmul"
@@ -260,4 +260,90 @@ def quantized_experts(m: nn.Module) -> Site | None:
                 describe=lambda s: f"T={s[0]}")
 
 
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+def quantized_gated_mlp(m: nn.Module) -> Site | None:
+    """mlx-lm's dense gated MLP (:func:`~kernelfleet.kernels.patch.model_patterns.gated_activation`) whose
+    three projections are ``QuantizedLinear`` layers the catalog's kernel takes, without biases: the
+    whole block, ``down(act(gate(x)) * up(x))``, becomes one ``mx.compile``d graph per input shape, the
+    three ``quantized_matmul`` calls and the activation each running the profile's config at that M (the
+    built-in where it has none). A decode step's host time is paid per call from Python (MLX's op, a
+    compiled graph's replay: ``benchmarks/decode_floor.py --routes``), and this makes one call of the
+    block's four. Where no kernel of the block has a custom config at a call's M and ``x`` is one
+    sequence, the block runs its own code, every projection MLX's op as in the stock model."""
+    act = gated_activation(m)
+    projections = [getattr(m, name, None) for name in PROJECTIONS]
+    if act is None or not all(type(p) is nn.QuantizedLinear and "bias" not in p for p in projections) \
+            or not source_has(nn.QuantizedLinear, *QUANTIZED_LINEAR_LINES):
+        return None
+    formats = []
+    for p in projections:
+        fmt = layer_format(p)  # type: ignore[arg-type]
+        if isinstance(fmt, str):
+            return None  # each projection's own pattern says why it keeps MLX's op
+        formats.append(fmt)
+    (k, inter, _, bits, group), (k_up, n_up, _, _, _), (k_down, n_down, _, _, _) = formats
+    if (k_up, n_up, k_down, n_down) != (k, inter, inter, k):
+        return None
+    # (K, N, bits, group) of gate, up, down
+    tails: list[tuple[int, ...]] = [(f[0], f[1], f[3], f[4]) for f in formats]
+
+    def plan(shape: tuple[int, ...]) -> list[tuple[str, Shape]]:
+        rows = prod(shape[:-1])
+        return [(KERNEL, (rows, *tails[0])), (KERNEL, (rows, *tails[1])), (act, (rows, inter)),
+                (KERNEL, (rows, *tails[2]))]
+
+    def bind(router: Router, shape: tuple[int, ...], dt: Any, own: Call) -> Call | None:
+        if not shape or shape[-1] != k:
+            return None
+        calls = plan(shape)
+        if not router.picks(*((kernel, s, dt) for kernel, s in calls)) and prod(shape[:-2]) <= 1:
+            return None
+        resolved = [router.resolved(kernel, s, dt, {}) for kernel, s in calls]
+        counters = [counter for counter, _ in resolved]
+        runners = tuple(runner for _, runner in resolved)
+        plain = _block(runners, shape, k, inter)
+        graph = router.shared.get((runners, shape))
+        if graph is None:
+            graph = router.shared[(runners, shape)] = mx.compile(plain)
+
+        def call(self: Any, x: mx.array) -> mx.array:
+            for counter in counters:
+                counter[0] += 1
+            g, u, d = self.gate_proj, self.up_proj, self.down_proj
+            fn = plain if interceptor() is not None else graph  # launches recorded: no trace
+            return fn(x, g["weight"], g["scales"], g["biases"], u["weight"], u["scales"], u["biases"],
+                      d["weight"], d["scales"], d["biases"])
+        return call
+
+    def member(s: Shape) -> bool:
+        return len(s) == 5 and tuple(s[1:]) in tails
+
+    def named(s: Shape) -> str:  # a tuned shape in the report: which projections it is
+        if len(s) != 5 or tails[0] == tails[2]:
+            return describe(s)
+        return f"M={s[0]} {'down' if tuple(s[1:]) == tails[2] else 'gate/up'}"
+
+    return Site("quantized gated MLP", {KERNEL: member, act: lambda s: len(s) == 2 and s[1] == inter},
+                f"{k} -> {inter} -> {k}, {bits}-bit, group {group}", plan, None, bind=bind,
+                describe=named, consumes=PROJECTIONS, single_input=True)
+
+
+def _block(runners: Sequence[Any], shape: tuple[int, ...], k: int, inter: int) -> Any:
+    """The gated MLP on ``x`` of ``shape`` through ``runners`` (gate, up, activation, down)."""
+    gate, up, act, down = runners
+    rows, lead = prod(shape[:-1]), shape[:-1]
+
+    def fn(x: mx.array, gw: mx.array, gs: mx.array, gb: mx.array, uw: mx.array, us: mx.array, ub: mx.array,
+           dw: mx.array, ds: mx.array, db: mx.array) -> mx.array:
+        x2 = x.reshape(rows, k)
+        h = act([gate([x2, gw, gs, gb])[0], up([x2, uw, us, ub])[0]])[0]
+        out: mx.array = down([h, dw, ds, db])[0]
+        return out.reshape(*lead, k)
+    return fn
+
+
+# blocks first: a block takes over the layers it holds (model_patch matches these before the others)
+BLOCKS = (quantized_gated_mlp,)
 PATTERNS = (quantized_linear, quantized_experts)

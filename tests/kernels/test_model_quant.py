@@ -40,7 +40,10 @@ QWEN3_MOE = {"model_type": "qwen3_moe", "hidden_size": 128, "num_hidden_layers":
              "moe_intermediate_size": 128, "rms_norm_eps": 1e-6, "vocab_size": 128, "rope_theta": 1e6,
              "tie_word_embeddings": False, "max_position_embeddings": 4096, "norm_topk_prob": True}
 # QuantizedLinear layers: Llama 7 a layer + lm_head; the MoE 4 attention + the router (layer 0) or 3 MLP
-QUANTIZED_LINEARS = {"llama": 2 * 7 + 1, "qwen3_moe": 4 + 1 + 4 + 3 + 1}
+# QuantizedLinear layers patched one by one (attention, MoE router, LM head), and the dense gated MLPs
+# whose three projections run as one block (model_quant.quantized_gated_mlp)
+QUANTIZED_LINEARS = {"llama": 2 * 4 + 1, "qwen3_moe": 4 + 1 + 4 + 1}
+MLP_BLOCKS = {"llama": 2, "qwen3_moe": 1}
 
 
 def build(config: dict[str, Any], bits: int, group: int, dtype: Any = mx.float32) -> Any:
@@ -100,6 +103,10 @@ def quantized(report: Any) -> list[Any]:
     return [m for m in report.modules if m.kind == "quantized linear"]
 
 
+def blocks(report: Any) -> list[Any]:
+    return [m for m in report.modules if m.kind == "quantized gated MLP"]
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("config", [LLAMA, QWEN3_MOE], ids=["llama", "qwen3_moe"])
@@ -108,17 +115,23 @@ def test_quantized_layers_take_the_profile_and_keep_the_logits(config: dict[str,
     model = build(config, bits, group)
     stock = logits(model, PROMPT)
     report = kernelfleet.patch(model, profile=profile_for(config, bits, group))
-    layers = quantized(report)
+    layers, mlps = quantized(report), blocks(report)
     assert len(layers) == QUANTIZED_LINEARS[config["model_type"]], str(report)
-    assert all(m.patched for m in layers), str(report)
+    assert len(mlps) == MLP_BLOCKS[config["model_type"]], str(report)
+    assert all(m.patched for m in layers + mlps), str(report)
     text = str(report)
-    assert f"patched  quantized linear (128 -> 256, {bits}-bit, group {group}, float32)" in text
+    assert f"patched  quantized linear (128 -> 64, {bits}-bit, group {group}, float32)" in text
     assert f"quantized_matmul: custom at M=1 (qmv), M={len(PROMPT)} (dq)" in text  # what each runs
+    assert f"patched  quantized gated MLP (128 -> 256 -> 128, {bits}-bit, group {group}, float32)" in text
+    assert f"quantized_matmul: custom at M=1 gate/up (qmv), M={len(PROMPT)} gate/up (dq), M=1 down (qmv), " \
+           f"M={len(PROMPT)} down (dq); swiglu: untuned" in text
     for a, b in zip(stock, logits(model, PROMPT), strict=True):
         assert close(a, b) <= LOGIT_TOL
     # the prefill and the decode step each took the kernel path at their own M, in every layer
     assert all(m.calls == {"custom": 2, "builtin": 0, "module": 0} for m in layers), \
         [(m.path, m.calls) for m in layers]
+    # each block call: its three projections custom, the activation (untuned) the built-in
+    assert all(m.calls == {"custom": 6, "builtin": 2, "module": 0} for m in mlps), [m.calls for m in mlps]
     if config["model_type"] == "qwen3_moe":  # 7 tokens x 2 experts: too few pairs for the sorted kernel
         experts = [m for m in report.modules if m.kind == "quantized experts"]
         assert len(experts) == 3 and not any(m.patched for m in experts)
@@ -143,6 +156,7 @@ def test_greedy_decoding_keeps_stocks_tokens(config: dict[str, Any], bits: int, 
             break
         assert a == b, (step, a, b, margin)
     assert all(m.calls["custom"] == 65 for m in quantized(report))  # the prompt, then 64 steps
+    assert all(m.calls["custom"] == 3 * 65 for m in blocks(report))
     kernelfleet.unpatch(model)
 
 
@@ -162,7 +176,7 @@ def test_a_long_prefill_and_bfloat16() -> None:
     model = build(LLAMA, 8, 128, mx.bfloat16)
     stock = [a.astype(mx.float32) for a in logits(model, PROMPT)]
     report = kernelfleet.patch(model, profile=profile_for(LLAMA, 8, 128, "bfloat16"))
-    assert "quantized linear (256 -> 128, 8-bit, group 128, bfloat16)" in str(report)
+    assert "quantized gated MLP (128 -> 256 -> 128, 8-bit, group 128, bfloat16)" in str(report)
     for a, b in zip(stock, logits(model, PROMPT), strict=True):
         assert close(a, b.astype(mx.float32)) <= LOGIT_TOL
     assert all(m.calls["custom"] == 2 for m in quantized(report))
@@ -177,8 +191,11 @@ def test_each_call_picks_by_its_token_count() -> None:
     report = kernelfleet.patch(model, profile=profile_for(LLAMA, 4, 64, prefill=()))
     assert all(close(a, b) <= LOGIT_TOL for a, b in zip(stock, logits(model, PROMPT), strict=True))
     assert all(m.calls == {"custom": 1, "builtin": 0, "module": 1} for m in quantized(report))
+    assert all(m.calls == {"custom": 3, "builtin": 1, "module": 1} for m in blocks(report))
     mx.eval(model(mx.array([[1], [2]])))
     assert all(m.calls["module"] == 2 for m in quantized(report))
+    # a block at M=2 with no entry: one graph of the built-ins on x as (M, K), as a layer's own path there
+    assert all(m.calls == {"custom": 3, "builtin": 5, "module": 1} for m in blocks(report))
     kernelfleet.unpatch(model)
 
 
@@ -208,6 +225,7 @@ def test_a_decode_batch_without_an_entry_runs_mlx_on_m_by_k(monkeypatch: pytest.
     assert mx.array_equal(stock, patched).item()
     assert ranks and set(ranks) == {2}  # traced once per shape, every layer's call on (M, K)
     assert all(m.calls == {"custom": 0, "builtin": 0, "module": 1} for m in quantized(report))
+    assert all(m.calls == {"custom": 0, "builtin": 4, "module": 0} for m in blocks(report))
     mx.eval(model(mx.array([PROMPT])))  # (1, 7, K): the layer's own call
     assert set(ranks) == {2, 3}
     kernelfleet.unpatch(model)
@@ -222,7 +240,8 @@ def test_what_is_resolved_once_per_shape(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(runtime, "resolve", lambda *a: calls.append(a) or real(*a))
     logits(model, PROMPT)
     first = len(calls)
-    assert first == len(quantized(report)) * 2  # each layer: M=7, then M=1
+    # each layer: M=7, then M=1; each block its kernels at both (3 runners: gate and up share a shape)
+    assert first == len(quantized(report)) * 2 + len(blocks(report)) * 3 * 2
     for _ in range(3):
         logits(model, PROMPT)
     assert len(calls) == first
@@ -303,13 +322,15 @@ def test_where_custom_kernels_run_each_layer_launches_its_path(monkeypatch: pyte
     report = kernelfleet.patch(model, profile=profile_for(LLAMA, 4, 64))
     with capture() as launches:
         logits(model, PROMPT)
-    layers = quantized(report)
-    assert len(launches) == 2 * len(layers)
+    layers, mlps = quantized(report), blocks(report)
+    projections = len(layers) + 3 * len(mlps)  # a block's activation is untuned: MLX's op, no launch
+    assert len(launches) == 2 * projections
     qmv = [r for r in launches if r.rendered.name.startswith("kf_qmv_")]
-    assert len(qmv) == len(layers)
+    assert len(qmv) == projections
     assert {r.input_shapes[0] for r in qmv} == {(1, 128), (1, 256)}  # x as (M, K): K 128, or 256 (down_proj)
     assert all(dict(r.launch.template)["MR"] == 1 and dict(r.launch.template)["BITS"] == 4 for r in qmv)
     assert all(m.calls == {"custom": 2, "builtin": 0, "module": 0} for m in layers)
+    assert all(m.calls == {"custom": 6, "builtin": 2, "module": 0} for m in mlps)
     kernelfleet.unpatch(model)
 
 
