@@ -121,7 +121,7 @@ def post_through_leases(
     best: int | None = None,
 ) -> None:
     """Enroll a worker for ``chip``, create a campaign for ``kernels`` x ``shapes``, lease every job and
-    post its report."""
+    post its report; return once the coordinator's background work has built the profile from them."""
     with coordinator.admin() as admin:
         enroll = admin.post("/enroll-tokens", json={}).json()["token"]
         r = admin.post(
@@ -159,6 +159,9 @@ def post_through_leases(
             }
             assert worker.post(f"/jobs/{job['job_id']}/result", json=body).status_code == 201
         assert worker.post("/leases", json={}).status_code == 204
+    # the chip's profile is rebuilt in the background after each result: without this a pull could
+    # get a version built from the first results only (a fresh-clone run pulled 2 of the 4 entries)
+    coordinator.settle(profiles=True)
 
 
 def as_mac(monkeypatch: pytest.MonkeyPatch, brand: str) -> None:
