@@ -351,3 +351,41 @@ def test_moe_experts_take_the_gathered_kernel_where_their_pairs_are_sorted() -> 
     assert all(m.calls == {"custom": 1, "builtin": 0, "module": 1} for m in experts), \
         [(m.path, m.calls) for m in experts]
     kernelfleet.unpatch(model)
+
+
+def test_a_gated_mlp_is_one_block_only_where_its_projections_are_plain_quantized_layers() -> None:
+    """An MLP whose down projection stays in full precision, or whose gate projection the kernel does not
+    take (3 bits), is no block: each quantized projection keeps its own pattern (and its own reason);
+    the logits stay stock's. Where all three are, the block runs gate and up at their bits and down at
+    its own (8 bits here)."""
+    model = build(LLAMA, 4, 64)
+    layer0, layer1 = model.model.layers[0].mlp, model.model.layers[1].mlp
+    layer0.down_proj = nn.Linear(256, 128, bias=False)  # full precision
+    layer1.gate_proj = nn.QuantizedLinear(128, 256, bias=False, group_size=64, bits=3)
+    mx.eval(model.parameters())
+    stock = logits(model, PROMPT)
+    report = kernelfleet.patch(model, profile=profile_for(LLAMA, 4, 64))
+    assert not blocks(report), str(report)
+    paths = {m.path for m in quantized(report)}
+    assert {"model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj", "model.layers.1.mlp.up_proj",
+            "model.layers.1.mlp.down_proj"} <= paths
+    assert "kept MLX's op: 3-bit (quantized_matmul takes 4 or 8 bits)" in \
+        {m.path: m.reason for m in quantized(report)}["model.layers.1.mlp.gate_proj"]
+    for a, b in zip(stock, logits(model, PROMPT), strict=True):
+        assert close(a, b) <= LOGIT_TOL
+    kernelfleet.unpatch(model)
+
+    model = build(LLAMA, 4, 64)
+    for layer in model.model.layers:
+        layer.mlp.down_proj = nn.QuantizedLinear(256, 128, bias=False, group_size=32, bits=8)
+    mx.eval(model.parameters())
+    stock = logits(model, PROMPT)
+    profile = profile_for(LLAMA, 4, 64)
+    profile["entries"] += [e for e in profile_for(LLAMA, 8, 32)["entries"] if "x256x128x" in e["shape"]]
+    report = kernelfleet.patch(model, profile=profile)
+    mlps = blocks(report)
+    assert len(mlps) == 2 and all(m.patched for m in mlps), str(report)
+    for a, b in zip(stock, logits(model, PROMPT), strict=True):
+        assert close(a, b) <= LOGIT_TOL
+    assert all(m.calls == {"custom": 6, "builtin": 2, "module": 0} for m in mlps), [m.calls for m in mlps]
+    kernelfleet.unpatch(model)
