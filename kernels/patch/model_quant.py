@@ -20,9 +20,13 @@ layer's own ``__call__`` where ``x`` is ``(M, K)`` or ``(1, M, K)``, else MLX's 
 ``(M, K)`` (:func:`_mlx_graph`: the same values, and MLX runs a batch of single-token rows as one matmul
 instead of one matrix-vector product per row).
 
-mlx-lm's ``QuantizedSwitchLinear`` (MoE experts, ``mx.gather_qmm``) is not routed yet: a
-``gather_quantized_matmul`` kernel would take it as one more pattern here, with the experts' indices
-as an input.
+A dense gated MLP whose three projections are such layers is patched as one block
+(:func:`quantized_gated_mlp`): gate, up, the activation and down in one compiled graph per input
+shape, so a decode step makes one call from Python for it instead of four.
+
+mlx-lm's ``QuantizedSwitchLinear`` (MoE experts, ``mx.gather_qmm``) runs the catalog's
+``gather_quantized_matmul`` where ``SwitchGLU`` hands it (token, expert) pairs sorted by expert
+(:func:`quantized_experts`); its unsorted calls (decode) keep MLX's op.
 """
 
 from __future__ import annotations
@@ -303,7 +307,7 @@ def quantized_gated_mlp(m: nn.Module) -> Site | None:
         resolved = [router.resolved(kernel, s, dt, {}) for kernel, s in calls]
         counters = [counter for counter, _ in resolved]
         runners = tuple(runner for _, runner in resolved)
-        plain = _block(runners, shape, k, inter)
+        plain = _block(runners, shape, k)
         graph = router.shared.get((runners, shape))
         if graph is None:
             graph = router.shared[(runners, shape)] = mx.compile(plain)
@@ -325,12 +329,14 @@ def quantized_gated_mlp(m: nn.Module) -> Site | None:
             return describe(s)
         return f"M={s[0]} {'down' if tuple(s[1:]) == tails[2] else 'gate/up'}"
 
+    label = f"{k} -> {inter} -> {k}, {bits}-bit, group {group}"
+    if tails[2][2:] != (bits, group):
+        label += f" (down {tails[2][2]}-bit, group {tails[2][3]})"
     return Site("quantized gated MLP", {KERNEL: member, act: lambda s: len(s) == 2 and s[1] == inter},
-                f"{k} -> {inter} -> {k}, {bits}-bit, group {group}", plan, None, bind=bind,
-                describe=named, consumes=PROJECTIONS, single_input=True)
+                label, plan, None, bind=bind, describe=named, consumes=PROJECTIONS, single_input=True)
 
 
-def _block(runners: Sequence[Any], shape: tuple[int, ...], k: int, inter: int) -> Any:
+def _block(runners: Sequence[Any], shape: tuple[int, ...], k: int) -> Any:
     """The gated MLP on ``x`` of ``shape`` through ``runners`` (gate, up, activation, down)."""
     gate, up, act, down = runners
     rows, lead = prod(shape[:-1]), shape[:-1]

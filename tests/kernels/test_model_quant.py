@@ -385,6 +385,7 @@ def test_a_gated_mlp_is_one_block_only_where_its_projections_are_plain_quantized
     report = kernelfleet.patch(model, profile=profile)
     mlps = blocks(report)
     assert len(mlps) == 2 and all(m.patched for m in mlps), str(report)
+    assert {m.label for m in mlps} == {"128 -> 256 -> 128, 4-bit, group 64 (down 8-bit, group 32)"}
     for a, b in zip(stock, logits(model, PROMPT), strict=True):
         assert close(a, b) <= LOGIT_TOL
     assert all(m.calls == {"custom": 6, "builtin": 2, "module": 0} for m in mlps), [m.calls for m in mlps]
