@@ -270,9 +270,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--check-dtypes", default="bfloat16,float16", help="dtypes --check covers")
     ap.add_argument("--sample", type=int, default=0,
                     help="--check: at most this many configs a shape (0: all)")
-    ap.add_argument("--profile", metavar="CONFIG",
-                    help="run this config (a key, e.g. from a table) and MLX's op 3 times each at --shapes, "
-                         "timing nothing: for Nsight Compute (ncu), which gives each kernel's GPU time")
+    ap.add_argument("--profile", metavar="CONFIGS",
+                    help="run these configs (keys, e.g. from a table, separated by ';'), each beside MLX's "
+                         "op, 3 times each at --shapes, in the order given, timing nothing: for Nsight "
+                         "Compute (ncu), which gives each kernel's GPU time")
     ap.add_argument("--finalists", type=int, default=4, help="configs timed in full rounds beside the peers")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--min-mb", type=float, default=256.0, help="weight copies per shape add up to this")
@@ -295,12 +296,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         for shape in shapes:
             inputs = spec.make_inputs(shape, args.dtype, args.seed)
             mx.eval(inputs)
-            ours = runner.build(spec, parse_config_key(args.profile), shape, args.dtype)
-            for _ in range(3):
-                mx.eval(ours(inputs))
-                mx.eval(spec.builtin(inputs))
-                mx.synchronize()
-            log(f"profiled {spec.name} {format_shape(shape)}: ours {args.profile} and MLX's op, 3 times each")
+            for key in args.profile.split(";"):
+                ours = runner.build(spec, parse_config_key(key), shape, args.dtype)
+                for _ in range(3):
+                    mx.eval(ours(inputs))
+                    mx.eval(spec.builtin(inputs))
+                    mx.synchronize()
+                log(f"profiled {spec.name} {format_shape(shape)}: ours {key} and MLX's op, 3 times each")
         return 0
     if args.check:
         lines = check_shapes(spec, shapes, args.check_dtypes.split(","), backend, args)

@@ -14,6 +14,10 @@ Three paths, a config axis (``path``), so the profile picks per exact shape, M i
   unpacked once for the M rows. A code becomes a float without an integer conversion: its bits are put in
   the mantissa of 2^23 (``KF_AS_FLOAT(code | 0x4B000000) - 2^23``). Per row and group
   ``sum_k x*w = scale * sum_k x*code + bias * sum_k x``, accumulated in float; one warp sum per output.
+- ``qmv_split`` (M <= 8, long rows): qmv with a block's ``tg / 32`` warps on the same ``rpw`` features, each
+  taking every ``tg / 32``-th step of the row (the block reads one contiguous span of a row at a time); the
+  warps' sums meet in shared memory. Short N with long K (14336 -> 4096) gets ``tg / 32`` times the warps
+  qmv has, so more loads are in flight.
 - ``mma`` (M <= 32, float16 and bfloat16, CUDA only): the weights dequantized in registers straight into
   the tensor cores' operand layout, so up to 32 tokens cost what one does
   (:mod:`kernelfleet.kernels.catalog.quantized_mma`).
@@ -42,7 +46,12 @@ QMV_BODY = r"""
   constexpr int XV = VW * PER;
   constexpr int XL = XV < 8 ? XV : 8;
   constexpr int STEPS = (WPR + 32 * VW - 1) / (32 * VW);
-  const KF_SIZE n0 = (KF_SIZE(KF_GROUP) * (TG / 32) + KF_WARP) * RPW;
+  constexpr int ROUNDS = (STEPS + UNR * KS - 1) / (UNR * KS);
+  constexpr int OUTS = MR * RPW;
+  constexpr int PARTS = KS > 1 ? (TG / 32) * OUTS : 1;  // the warps' sums where they split K
+  KF_SHARED float part[PARTS];
+  const KF_SIZE n0 = (KF_SIZE(KF_GROUP) * (TG / 32 / KS) + KF_WARP / KS) * RPW;
+  const int kw = KF_WARP % KS;
   if (n0 < KF_SIZE(N)) {
     float acc[MR][RPW];
 #pragma unroll
@@ -53,7 +62,8 @@ QMV_BODY = r"""
       }
     }
 #pragma unroll
-    for (int s0 = 0; s0 < STEPS; s0 += UNR) {
+    for (int i = 0; i < ROUNDS; ++i) {
+      const int s0 = (i * KS + kw) * UNR;
       kf_vec<uint32_t, VW> q[UNR][RPW];
 #pragma unroll
       for (int u = 0; u < UNR; ++u) {
@@ -124,8 +134,25 @@ QMV_BODY = r"""
       for (int r = 0; r < RPW; ++r) {
         const float v = kf_warp_sum(acc[m][r]);
         if (KF_LANE == 0) {
-          out[KF_SIZE(m) * N + n0 + r] = T(v);
+          if (KS == 1) {
+            out[KF_SIZE(m) * N + n0 + r] = T(v);
+          } else {
+            part[KF_WARP * OUTS + m * RPW + r] = v;
+          }
         }
+      }
+    }
+  }
+  if (KS > 1) {
+    KF_BARRIER;
+    if (kw == 0 && n0 < KF_SIZE(N)) {
+      for (int t = KF_LANE; t < OUTS; t += 32) {
+        float v = 0.0f;
+#pragma unroll
+        for (int j = 0; j < KS; ++j) {
+          v += part[(KF_WARP + j) * OUTS + t];
+        }
+        out[KF_SIZE(t / RPW) * N + n0 + t % RPW] = T(v);
       }
     }
   }
@@ -137,6 +164,7 @@ QMV_MAX_M = 8
 RPWS = (1, 2, 4, 8)
 VWS = (1, 2, 4)
 QMV_TGS = (64, 128)
+SPLIT_TGS = (64, 128, 256)  # qmv_split: 2, 4 or 8 warps share a row's steps
 UNRS = (1, 2, 4)
 DQ_TGS = (128, 256, 512)
 DQ_VECS = (1, 2, 4)
@@ -151,6 +179,12 @@ def _check(shape: Shape) -> None:
     affine.check_format("quantized_matmul", k, bits, group)
 
 
+def _qmv_fits(m: int, n: int, per: int, words_per_group: int, rpw: int, vw: int, unr: int) -> bool:
+    """Whether qmv's (and qmv_split's) axes fit the shape and a lane's registers."""
+    return (n % rpw == 0 and words_per_group % vw == 0 and m * vw * per <= MAX_XREGS
+            and unr * rpw * vw <= 32)
+
+
 def space(shape: Shape, dtype: str) -> list[Config]:
     m, k, n, bits, group = shape
     per = 32 // bits
@@ -160,9 +194,14 @@ def space(shape: Shape, dtype: str) -> list[Config]:
         steps = ceil_div(k * bits // 32, 32)
         configs += [{"path": "qmv", "rpw": rpw, "vw": vw, "tg": tg, "unr": unr}
                     for rpw in RPWS for vw in VWS for tg in QMV_TGS for unr in UNRS
-                    if n % rpw == 0 and words_per_group % vw == 0 and m * vw * per <= MAX_XREGS
-                    and (unr == 1 or unr <= ceil_div(steps, vw)) and unr * rpw * vw <= 32]
-    # the same axes for both paths: dq's vw is the words a thread dequantizes per step (rpw, unr fixed at 1)
+                    if _qmv_fits(m, n, per, words_per_group, rpw, vw, unr)
+                    and (unr == 1 or unr <= ceil_div(steps, vw))]
+        # every warp of a block takes at least one block of unr steps
+        configs += [{"path": "qmv_split", "rpw": rpw, "vw": vw, "tg": tg, "unr": unr}
+                    for rpw in RPWS for vw in VWS for tg in SPLIT_TGS for unr in UNRS
+                    if _qmv_fits(m, n, per, words_per_group, rpw, vw, unr)
+                    and (tg // 32) * unr <= ceil_div(steps, vw)]
+    # the same axes for every path: dq's vw is the words a thread dequantizes per step (rpw, unr fixed at 1)
     configs += quantized_mma.space(shape, dtype)
     configs += [{"path": "dq", "rpw": 1, "vw": vec, "tg": tg, "unr": 1} for vec in DQ_VECS for tg in DQ_TGS
                 if words_per_group % vec == 0]
@@ -183,32 +222,37 @@ def default(shape: Shape, dtype: str) -> Config:
     return dict(BUILTIN)
 
 
-# the paths expected fastest first, by M (H200 runs, benchmarks/results/h200_quantized_mma.txt): qmv at one
-# token; the tensor cores from 2 to 32 (where they are offered: CUDA, 16-bit activations), else qmv to 8;
-# dequantize + GEMM above
-def _path_order(m: int) -> tuple[str, ...]:
+# the paths expected fastest first, by M, in tiers (H200 runs, benchmarks/results/h200_quantized_mma.txt,
+# h200_qmv_split.txt): qmv_split and qmv at one token (split K won at all five decode shapes under ncu,
+# 1.06-1.59x; a tier, each later path of it half a step behind, so the model search measures qmv_split's
+# typical config and its neighbours, and qmv's typical one); the tensor cores from 2 to 32 (where they are
+# offered: CUDA, 16-bit activations), else the qmv tier to 8; dequantize + GEMM above
+def _path_order(m: int) -> tuple[tuple[str, ...], ...]:
     if m == 1:
-        return ("qmv", "mma", "dq")
+        return (("qmv_split", "qmv"), ("mma",), ("dq",))
     if m <= quantized_mma.MAX_M:
-        return ("mma", "qmv", "dq")
-    return ("dq",)
+        return (("mma",), ("qmv_split", "qmv"), ("dq",))
+    return (("dq",),)
 
 
 # each path's typical winner: the prior's other axis is the distance from it
 TYPICAL: dict[str, Config] = {"qmv": {"rpw": 4, "vw": 4, "tg": 128, "unr": 1},
+                              "qmv_split": {"rpw": 8, "vw": 4, "tg": 64, "unr": 1},
                               "mma": {"rpw": 32, "vw": 4, "tg": 128, "unr": 1},
                               "dq": {"rpw": 1, "vw": 1, "tg": 256, "unr": 1}}
 
 
 def prior(shape: Shape, dtype: str, config: Config) -> float:
     """A config's expected cost rank (lower first, for the ``model`` search and capped candidate lists):
-    its path's place in :func:`_path_order` by tens, then its distance (log2 per axis) from the path's
-    typical winner."""
-    order = _path_order(shape[0])
+    its path's tier in :func:`_path_order` by tens and its place in the tier by halves, then its distance
+    (log2 per axis) from the path's typical winner."""
     path = str(config.get("path"))
-    rank = order.index(path) if path in order else len(order)
+    rank = 100.0
+    for i, tier in enumerate(_path_order(shape[0])):
+        if path in tier:
+            rank = 10.0 * i + 0.5 * tier.index(path)
     typical = TYPICAL.get(path, {})
-    return 10.0 * rank + sum(abs(math.log2(int(config[k]) / v)) for k, v in typical.items() if k in config)
+    return rank + sum(abs(math.log2(int(config[k]) / v)) for k, v in typical.items() if k in config)
 
 
 def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str) -> KernelFn:
@@ -233,9 +277,11 @@ def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str) -> Kerne
 
         return mma
     rpw, vw, tg, unr = int(config["rpw"]), int(config["vw"]), int(config["tg"]), int(config["unr"])
-    groups = max(1, ceil_div(n // rpw, tg // 32))
+    # warps sharing a row group's steps: qmv_split's whole block, qmv's one warp
+    ks = tg // 32 if config["path"] == "qmv_split" else 1
+    groups = max(1, ceil_div(n // rpw, tg // 32 // ks))
     template = (("T", mx_dtype(dtype)), ("K", k), ("N", n), ("BITS", bits), ("GS", group), ("MR", m),
-                ("RPW", rpw), ("VW", vw), ("TG", tg), ("UNR", unr))
+                ("RPW", rpw), ("VW", vw), ("TG", tg), ("UNR", unr), ("KS", ks))
     launch = Launch((groups * tg, 1, 1), (tg, 1, 1), template)
 
     def qmv(inputs: Sequence[mx.array]) -> list[mx.array]:

@@ -98,7 +98,9 @@ def threadgroup_declarations(text: str, kernel: bool = True) -> list[Declaration
             raise RewriteError(f"line {line}: cannot read threadgroup declaration {stmt.strip()!r} "
                                "(one variable per declaration: `threadgroup T name[N];`)")
         out.append(Declaration(m.start(), end + 1, d.group("type").strip(), d.group("name"),
-                               re.sub(r"\s+", "", d.group("dims"))))
+                               # each size in parentheses: inside kf_threadgroup_memory<T[...]>, a size
+                               # such as `KS > 1 ? A : B` would otherwise end the template's arguments
+                               re.sub(r"\[([^\]]*)\]", r"[(\1)]", re.sub(r"\s+", "", d.group("dims")))))
     return out
 
 

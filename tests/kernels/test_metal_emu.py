@@ -43,6 +43,7 @@ ROW_SUM_FROM_MINUS_ONE = "for (int i = -1; i < int(wpr); ++i) {\n    s += buf[in
 SCHEDULES = ("in-order", "shuffled", "run-ahead")
 LOCKSTEP = SCHEDULES[:2]
 LAYERNORM = {"tg": 256, "vec": 1, "rpg": 1}  # 8 SIMD-groups share each row sum
+SPLIT = {"path": "qmv_split", "rpw": 2, "vw": 1, "tg": 64, "unr": 1}  # 2 SIMD-groups share a row's steps
 # name: (kernel, dtype, config, where: "body" or "header", text, replacement, schedules that must catch it)
 MUTATIONS = {
     "removed barrier": ("rmsnorm", "float32", {"tg": 256, "vec": 1, "rpg": 1}, "header", BARRIER, "",
@@ -71,8 +72,13 @@ MUTATIONS = {
     "write below a threadgroup array": ("layernorm", "float32", LAYERNORM, "header",
                                         "buf[warp] = v;", "buf[warp] = v;\n    buf[int(warp) - 9] = v;",
                                         ("in-order",)),
+    # qmv_split's warps meet in shared memory: the first must wait for the others' sums
+    "split-K sums read before the barrier": ("quantized_matmul", "float32", SPLIT, "body", BARRIER, "",
+                                             LOCKSTEP),
 }
 CASES = [(m, s) for m in sorted(MUTATIONS) for s in MUTATIONS[m][-1]]
+# a mutation's shape where not the spec's first test shape (which has a config of that path)
+MUTATION_SHAPES = {"split-K sums read before the barrier": (1, 640, 8, 4, 128)}
 
 
 def _run(spec: KernelSpec, config: dict[str, int], shape: Shape, dtype: str, emulator: Emulator,
@@ -116,7 +122,7 @@ def _emulator(schedule: str, cache: Emulator) -> Emulator:
 def test_mutation_is_caught(mutation: str, schedule: str, emulator: Emulator) -> None:
     name, dtype, config, where, old, new, _ = MUTATIONS[mutation]
     spec = get_spec(name)
-    shape = spec.test_shapes[0]
+    shape = MUTATION_SHAPES.get(mutation, spec.test_shapes[0])
     em = _emulator(schedule, emulator)
     outs, ref = _run(spec, config, shape, dtype, em)  # the real kernel passes ...
     assert spec.compare(outs, ref, dtype).ok

@@ -77,8 +77,11 @@ def test_threadgroup_variables_follow_msl_rules() -> None:
     body = "void k() {\n  threadgroup float red[32];\n  float a = 0.0f;\n  threadgroup int n;\n  red[0] = a;}"
     out = for_clang(body)
     assert out.count("\n") == body.count("\n")
-    assert "threadgroup float (&red)[32] = kf_threadgroup_memory<float[32]>();" in out
+    assert "threadgroup float (&red)[(32)] = kf_threadgroup_memory<float[(32)]>();" in out
     assert "threadgroup int (&n) = kf_threadgroup_memory<int>();" in out
+    # a size with a comparison in it stays one template argument (it read `float[KS >` before)
+    sized = for_clang("template <int KS> void k() {\n  threadgroup float part[KS > 1 ? 4 * KS : 1];\n}")
+    assert "kf_threadgroup_memory<float[(KS>1?4*KS:1)]>()" in sized
     assert for_clang("inline void f(threadgroup float* buf) { buf[0] = 1.0f; }", kernel=False)
     for bad, kernel in [("void k() { threadgroup float s = 0.0f; }", True),  # no initializers
                         ("inline void f() { threadgroup float s[4]; }", False),  # kernel functions only
