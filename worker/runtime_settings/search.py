@@ -146,8 +146,8 @@ def search(objective: Objective, knobs: tuple[Knob, ...], *, budget_s: float,
 
     coarse = measure_rounds(request, [knob.setting(v) for knob in knobs for v in knob.grid], rounds,
                             deadline, timeout=timeout)
-    log(f"coarse: {len(coarse.settings)} sides x {coarse.count} rounds ({coarse.process_s:.1f} s a process "
-        f"at most) on {coarse.device.get('device')}")
+    log(f"coarse: {len(coarse.settings)} sides x {coarse.count} rounds ({coarse.estimate:.1f} s a process "
+        f"at most, {coarse.first_s:.1f} s the first) on {coarse.device.get('device')}")
     tried = [s for s in coarse.settings if s not in (STOCK, CONTROL)]
     _record(choices, coarse, "coarse", tried, log)
 
@@ -181,7 +181,7 @@ def search(objective: Objective, knobs: tuple[Knob, ...], *, budget_s: float,
         if merged != top.setting:
             refine[key(merged)] = merged
     fine = measure_rounds(request, list(refine.values()), rounds, deadline, timeout=timeout,
-                          first_free=False, process_s=coarse.process_s) if refine else None
+                          first_free=False, process_s=coarse.estimate) if refine else None
     for w in list(best):
         if fine is None or fine.count < MIN_ROUNDS:
             choices[w].note = f"budget spent after {fine.count if fine else 0} refine round(s)"
@@ -197,7 +197,7 @@ def search(objective: Objective, knobs: tuple[Knob, ...], *, budget_s: float,
 
     chosen = {best[w]: refine[best[w]] for w in best}
     confirm = measure_rounds(request, list(chosen.values()), rounds, deadline, timeout=timeout,
-                             first_free=False, process_s=coarse.process_s) if chosen else None
+                             first_free=False, process_s=coarse.estimate) if chosen else None
     for w, side in best.items():
         choice = choices[w]
         if confirm is None or confirm.count < MIN_ROUNDS:
