@@ -44,7 +44,8 @@ injected attribute's values of runs ``c - 1`` and ``c``; a multi-chip event is g
 chip that alerted on it got the same group key. Recall and attribution pool the positives of both
 corpora (a series is judged on its own, so recall does not depend on the prevalence).
 
-The detector's thresholds were tuned on ``--seed 101``; the committed results use ``--seed 7``.
+The detector's thresholds were tuned on ``--seed 101``, its alerts' re-placement
+(:mod:`kernelfleet.service.regressions.locate`) on seeds 101-104; the committed results use ``--seed 7``.
 """
 
 from __future__ import annotations
@@ -506,7 +507,8 @@ def report(runs: list[tuple[str, list[Series], dict[str, Score]]], seed: int) ->
     width = max(len(n) for n in names) + 2
     lines = [
         "Regression detector benchmark (benchmarks/detector.py)",
-        f"seed {seed} (thresholds tuned on seed 101); {N_RUNS} runs x {SAMPLES} samples a series; "
+        f"seed {seed} (thresholds tuned on seed 101, re-placement on seeds 101-104); {N_RUNS} runs x "
+        f"{SAMPLES} samples a series; "
         f"min effect {MIN_EFFECT:.0%}; bad runs +5-15 % ({BAD_RUN:.0%} of runs start one, "
         f"{BAD_PAIR:.0%} of them pairs); spikes +10-15 % (half) or +15-100 %",
         f"an alert is true at the first slower run c .. c+{TRUE_AFTER} (drift: end of ramp + {TRUE_AFTER}), "

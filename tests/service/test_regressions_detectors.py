@@ -274,6 +274,22 @@ def test_locate_replaces_an_alert_at_the_most_likely_run_pair() -> None:
     assert locate(series([100.0] * 5 + [120.0] * 5 + [150.0] * 5, seed=4), [4, 11]) == [5, 10]
 
 
+def test_locate_does_not_start_a_step_at_the_bad_runs_just_before_it() -> None:
+    """A 5 % step at run 6 (a new kernel) on a quiet series, right after a bad pair (+8 and +9 %) or a
+    bad run (+12 %). A bad run is slower than its level by several percent whatever the series'
+    wander, so it is as likely on the old level as on the new one: the ordinary runs and the
+    recorded change place the step at run 6, wherever the detector put the alert (the online
+    detector puts it on the first bad run, whose mean looks most like a start)."""
+    from kernelfleet.service.regressions.locate import locate
+
+    rng = np.random.default_rng(5)
+    after = [105.0, 105.4, 104.7, 105.1, 105.3, 104.9, 105.2]
+    for before in ([100.0, 100.6, 99.5, 100.2, 108.0, 109.0], [100.0, 100.6, 99.5, 100.2, 99.8, 112.0]):
+        runs = [run(v, rng, spread=0.003, kernel_hash="k2" if i >= 6 else "k1")
+                for i, v in enumerate(before + after)]
+        assert [locate(runs, [t]) for t in (4, 5, 6, 7)] == [[6]] * 4
+
+
 def test_shift_at_a_known_change_needs_the_loss_beyond_the_rounds_noise() -> None:
     """Runtime settings' rounds across an MLX upgrade (service/runtime_settings.py): each round's time
     relative to MLX's defaults (1 / its gain), the change known to lie at the upgrade. A gain of 1.2x
