@@ -30,7 +30,8 @@ ENROLL_TOKEN_ENV = "KERNELFLEET_ENROLL_TOKEN"
 def worker_command(coordinator_url: str, state_dir: Path) -> list[str]:
     """The agent's command line. It holds no secret: the enrollment token goes in the environment
     (:func:`worker_env`), where ``ps`` does not show it to other users."""
-    return [sys.executable, "-m", "kernelfleet.worker.cli", "worker", "--coordinator", coordinator_url,
+    # -P: the installed package, not a kernelfleet/ folder in the working directory (a clone's)
+    return [sys.executable, "-P", "-m", "kernelfleet.worker.cli", "worker", "--coordinator", coordinator_url,
             "--state-dir", str(state_dir)]
 
 

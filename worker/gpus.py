@@ -79,7 +79,8 @@ def run_per_gpu(gpus: Sequence[str], worker_args: Sequence[str], state_dir: Path
         if enroll_token:
             env[ENROLL_TOKEN_ENV] = enroll_token  # never on a command line, where `ps` shows it
         state = state_dir / f"gpu{gpu}"
-        cmd = [sys.executable, "-m", "kernelfleet.worker.cli", "worker", *worker_args,
+        # -P: the installed package, not a kernelfleet/ folder in the working directory (a clone's)
+        cmd = [sys.executable, "-P", "-m", "kernelfleet.worker.cli", "worker", *worker_args,
                "--state-dir", str(state), "--name", f"{name}-gpu{gpu}"]
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # our signals reach them through us, once

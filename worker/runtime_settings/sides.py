@@ -47,7 +47,9 @@ def key(setting: Setting) -> str:
 def run_step(request: dict[str, Any], setting: Setting, timeout: float) -> dict[str, Any]:
     """One fresh process measuring ``request`` (:mod:`.step`'s format) under ``setting``."""
     try:
-        r = subprocess.run([sys.executable, "-m", STEP_MODULE], input=json.dumps(request), text=True,
+        # -P: not the working directory first on sys.path (a clone's kernelfleet/ folder would shadow
+        # the installed package)
+        r = subprocess.run([sys.executable, "-P", "-m", STEP_MODULE], input=json.dumps(request), text=True,
                            capture_output=True, env=environment(setting), timeout=timeout)
     except subprocess.TimeoutExpired as e:
         raise StepError(f"step under [{key(setting) or 'defaults'}] ran past {timeout:.0f} s") from e
