@@ -51,6 +51,13 @@ class Router:
     _tally: dict[tuple[str, str, str], list[int]] = field(default_factory=dict, repr=False)  # runs a key
     _custom_keys: set[tuple[str, str, str]] = field(default_factory=set, repr=False)
 
+    def graph(self, key: Any, build: Callable[[], Any]) -> Any:
+        """The patch's graph under ``key`` in :attr:`shared`, built by ``build`` the first time."""
+        got = self.shared.get(key)
+        if got is None:
+            got = self.shared[key] = build()
+        return got
+
     @property
     def module(self) -> int:
         """Calls that ran the module's own code."""

@@ -128,16 +128,11 @@ def quantized_linear(m: nn.Module) -> Site | None:
         if not router.picks(call):
             if prod(shape[:-2]) <= 1:  # x is already (M, K) to MLX: the layer's own call
                 return None
-            mlx_key = ("mlx", shape, tail)
-            mlx_graph = router.shared.get(mlx_key)
-            if mlx_graph is None:
-                mlx_graph = router.shared[mlx_key] = _mlx_graph(shape, rows, k, n, bits, group)
+            mlx_graph = router.graph(("mlx", shape, tail), lambda: _mlx_graph(shape, rows, k, n, bits, group))
             return _mlx_call(router, mlx_graph)
         counter, runner = router.resolved(*call, {})
-        graph_key = (runner, shape)  # the runner: resolved once per process for its plain values
-        graph = router.shared.get(graph_key)
-        if graph is None:
-            graph = router.shared[graph_key] = _graph(runner, shape, rows, k, n)
+        # keyed by the runner: resolved once per process for its plain values
+        graph = router.graph((runner, shape), lambda: _graph(runner, shape, rows, k, n))
         return _call(counter, runner, graph, rows, k, n, shape)
 
     return Site("quantized linear", {KERNEL: lambda s: len(s) == 5 and s[1:] == tail},
@@ -237,12 +232,11 @@ def quantized_experts(m: nn.Module) -> Site | None:
         if t is None or not router.picks(call := (GATHER, (t, *tail), dt)):
             return None
         counter, runner = router.resolved(*call, {})
-        graph = router.shared.get((runner, shape))
-        if graph is None:
-            def fn(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, idx: mx.array) -> mx.array:
-                out: mx.array = runner([x.reshape(t, k), w, scales, biases, idx.astype(mx.uint32)])[0]
-                return out.reshape(t, 1, n)
-            graph = router.shared[(runner, shape)] = mx.compile(fn)
+
+        def fn(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, idx: mx.array) -> mx.array:
+            out: mx.array = runner([x.reshape(t, k), w, scales, biases, idx.astype(mx.uint32)])[0]
+            return out.reshape(t, 1, n)
+        graph = router.graph((runner, shape), lambda: mx.compile(fn))
 
         def gathered(self: Any, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
             if not sorted_indices:
@@ -308,9 +302,7 @@ def quantized_gated_mlp(m: nn.Module) -> Site | None:
         counters = [counter for counter, _ in resolved]
         runners = tuple(runner for _, runner in resolved)
         plain = _block(runners, shape, k)
-        graph = router.shared.get((runners, shape))
-        if graph is None:
-            graph = router.shared[(runners, shape)] = mx.compile(plain)
+        graph = router.graph((runners, shape), lambda: mx.compile(plain))
 
         def call(self: Any, x: mx.array) -> mx.array:
             for counter in counters:
