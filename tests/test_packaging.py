@@ -14,9 +14,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("service", "worker", "web", "kernels", "migrations")
-TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1, "intermediate_size": 128,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 256,
-              "rope_theta": 500000.0, "tie_word_embeddings": False}
 
 
 # kernelfleet.patch / unpatch load lazily: importing kernelfleet.service imports neither mlx-lm nor the
@@ -89,8 +86,9 @@ def test_wheel_installs_and_imports_outside_the_repo(tmp_path: Path) -> None:
     step = prelude + (
         "from kernelfleet.worker.runtime_settings.search import Objective\n"
         "from kernelfleet.worker.runtime_settings.sides import run_step\n"
-        f"config = {TINY_LLAMA!r}\n"
-        "req = Objective(config, 'float32', None, ('decode:1',), context=8, steps=2, reps=1).request()\n"
+        "from kernelfleet.kernels.patch.model_build import TINY\n"
+        "goal = Objective(TINY['llama'], 'float32', None, ('decode:1',), context=8, steps=2, reps=1)\n"
+        "req = goal.request()\n"
         "print(sorted(run_step(req, {}, 300)['seconds']))\n"
     )
     ran = subprocess.run([str(py), "-P", "-c", step], cwd=ROOT, capture_output=True, text=True, timeout=300,
