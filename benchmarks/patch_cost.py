@@ -266,8 +266,10 @@ def quantized_lines(args: argparse.Namespace, bench: Any, config: dict[str, Any]
                 finally:
                     model_patch.unpatch(model)
         assert report is not None
-        # the projections the patch routes: one a quantized linear layer, three a gated MLP block
-        calls = max(sum({"quantized linear": 1, "quantized gated MLP": 3}.get(m.kind, 0)
+        # the projections the patch routes: one a quantized linear layer, three a gated MLP block or an
+        # attention block's joined q/k/v
+        calls = max(sum({"quantized linear": 1, "quantized gated MLP": 3,
+                         "quantized attention projections": 3}.get(m.kind, 0)
                         for m in report.patched), 1)
         stock, raw, patched = (statistics.median(v) for v in host.values())
         yield (f"  decode batch {b}, {config['num_hidden_layers']} layers: host µs to build one step, median "

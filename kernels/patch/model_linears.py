@@ -34,6 +34,7 @@ class Linear(NamedTuple):
     other: str = ""  # EXPERTS or TIED: a layer mlx-lm computes without a QuantizedLinear
     experts: int = 0  # EXPERTS: how many
     per_token: int = 1  # EXPERTS: experts each token is routed to
+    join: str = ""  # layers with the same label run as one quantized matmul where they share a format
 
 
 def _where(paths: Sequence[str]) -> str:
@@ -55,6 +56,7 @@ def plan_quantized(config: dict[str, Any], layers: Sequence[Linear],
     formats: dict[tuple[int, ...], list[str]] = {}  # (K, N, bits, group) or (K, N, E, per token, ...)
     refused: dict[str, list[str]] = {}
     tied, full = [], []
+    joins: dict[str, list[tuple[Linear, tuple[int, ...]]]] = {}  # label -> (layer, its format)
     for layer in layers:
         own = q.get(layer.path, True)
         if own is False:
@@ -74,9 +76,27 @@ def plan_quantized(config: dict[str, Any], layers: Sequence[Linear],
             continue
         assert isinstance(bits, int) and isinstance(group, int)
         experts = (layer.experts, layer.per_token) if layer.other == EXPERTS else ()
+        if layer.join:
+            joins.setdefault(layer.join, []).append((layer, (layer.k, layer.n, bits, group)))
+            continue
         formats.setdefault((layer.k, layer.n, *experts, bits, group), []).append(layer.path)
+    for label, members in joins.items():
+        # the patch joins them where all are quantized in one format (model_quant.Joined), else each
+        # runs alone
+        one = {(f[0], f[2], f[3]) for _, f in members}
+        if len(one) == 1 and len(members) == sum(1 for layer in layers if layer.join == label):
+            k, bits, group = one.pop()
+            head = members[0][0].path
+            path = "+".join([head, *(layer.path.rsplit(".", 1)[-1] for layer, _ in members[1:])])
+            formats.setdefault((k, sum(f[1] for _, f in members), bits, group), []).append(path)
+            continue
+        for layer, f in members:
+            formats.setdefault(f, []).append(layer.path)
+    position = {layer.path: i for i, layer in enumerate(layers)}  # plan in the model's order
+    first = {fmt: min(position.get(p, position.get(p.split("+")[0], 0)) for p in paths)
+             for fmt, paths in formats.items()}
     unsorted = []
-    for fmt, paths in formats.items():
+    for fmt, paths in sorted(formats.items(), key=lambda item: first[item[0]]):
         k, n, bits, group = fmt[0], fmt[1], fmt[-2], fmt[-1]
         if len(fmt) == 4:
             add(KERNEL, f"{k} -> {n}, {bits}-bit group {group}: {_where(paths)}",

@@ -183,6 +183,8 @@ def patch(model: nn.Module, profile: str | Path | dict[str, Any] | None = None, 
         report.modules.append(ModuleReport(path or "<model>", site.kind, site.label, patched, reason, router))
         if router is None:
             continue
+        if site.prepare is not None:
+            site.prepare()
         if site.replace_child:
             report._undo.append(_replace_child(module, site.replace_child, site, router))
         else:

@@ -152,6 +152,7 @@ class Site:
     refusal: str | None = None
     describe: Callable[[Shape], str] = format_shape  # a tuned shape, as the report names it
     single_input: bool = False  # the module's __call__ takes x alone (its wrapper passes nothing else)
+    prepare: Callable[[], None] | None = None  # run once when the module is patched, before any call
 
 
 def _rows(x: mx.array) -> int:

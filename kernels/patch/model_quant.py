@@ -31,6 +31,7 @@ mlx-lm's ``QuantizedSwitchLinear`` (MoE experts, ``mx.gather_qmm``) runs the cat
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -259,38 +260,88 @@ def quantized_experts(m: nn.Module) -> Site | None:
 
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+QKV = ("q_proj", "k_proj", "v_proj")
+ARRAYS = ("weight", "scales", "biases")
+
+
+def joined_format(parts: Sequence[Any]) -> tuple[int, tuple[int, ...], int, int] | None:
+    """(K, each part's N, bits, group) where ``parts`` are bias-free ``QuantizedLinear`` layers of one
+    input and one format that the catalog's kernel takes (so they can run as one quantized matmul over
+    their weights joined along N); else None."""
+    if not all(type(p) is nn.QuantizedLinear and "bias" not in p for p in parts) \
+            or not source_has(nn.QuantizedLinear, *QUANTIZED_LINEAR_LINES):
+        return None
+    formats: list[tuple[int, int, int, int, int]] = []
+    for p in parts:
+        fmt = layer_format(p)
+        if isinstance(fmt, str):
+            return None  # each layer's own pattern says why it keeps MLX's op
+        formats.append(fmt)
+    k, _, _, bits, group = formats[0]
+    if any((f[0], f[3], f[4]) != (k, bits, group) for f in formats) \
+            or len({p["scales"].dtype for p in parts}) != 1:
+        return None
+    return k, tuple(f[1] for f in formats), bits, group
+
+
+class Joined:
+    """Quantized projections of one input (q/k/v, gate/up) as one quantized matmul: their weights,
+    scales and biases joined along N once, when the patch is applied, and each projection's own arrays
+    replaced by views into the joined ones. No second copy is kept, so memory stays what it was, and
+    the projections' own calls (MLX's op, at the calls the profile leaves to it) read the same values.
+    :func:`kernelfleet.unpatch` leaves the views: they hold the layer's values bit for bit. A call checks
+    that the projections still hold those views (:meth:`current`); after ``load_weights`` or
+    ``update`` the module's own code runs."""
+
+    def __init__(self, parts: Sequence[nn.Module]) -> None:
+        joined = [mx.concatenate([p[name] for p in parts]) for name in ARRAYS]
+        mx.eval(joined)
+        self.weight, self.scales, self.biases = joined
+        start = 0
+        for p in parts:
+            n = int(p["weight"].shape[0])
+            for name, array in zip(ARRAYS, joined, strict=True):
+                p[name] = array[start:start + n]
+            start += n
+        mx.eval([p[name] for p in parts for name in ARRAYS])
+        self._held = tuple((p, p["weight"], p["scales"], p["biases"]) for p in parts)
+
+    def current(self) -> bool:
+        """Whether every projection still holds its views into the joined arrays."""
+        for p, w, s, b in self._held:
+            if p["weight"] is not w or p["scales"] is not s or p["biases"] is not b:
+                return False
+        return True
 
 
 def quantized_gated_mlp(m: nn.Module) -> Site | None:
     """mlx-lm's dense gated MLP (:func:`~kernelfleet.kernels.patch.model_patterns.gated_activation`) whose
-    three projections are ``QuantizedLinear`` layers the catalog's kernel takes, without biases: the
-    whole block, ``down(act(gate(x)) * up(x))``, becomes one ``mx.compile``d graph per input shape, the
-    three ``quantized_matmul`` calls and the activation each running the profile's config at that M (the
-    built-in where it has none). A decode step's host time is paid per call from Python (MLX's op, a
-    compiled graph's replay: ``benchmarks/decode_floor.py --routes``), and this makes one call of the
-    block's four. Where no kernel of the block has a custom config at a call's M and ``x`` is one
-    sequence, the block runs its own code, every projection MLX's op as in the stock model."""
+    three projections are ``QuantizedLinear`` layers the catalog's kernel takes, without biases, gate and
+    up in one format: the whole block, ``down(act(gate(x)) * up(x))``, becomes one ``mx.compile``d graph
+    per input shape. Gate and up run as one ``quantized_matmul`` over their joined weights
+    (:class:`Joined`: ``K x 2*inter``), then the activation on its two halves, then down, each at the
+    profile's config for that M (the built-in where it has none). A decode step's host time is paid per
+    call from Python and per launch (``benchmarks/decode_floor.py --routes``): this makes one call of the
+    block's four, and two quantized launches of its three. Where no kernel of the block has a custom
+    config at a call's M and ``x`` is one sequence, the block runs its own code, every projection MLX's
+    op as in the stock model."""
     act = gated_activation(m)
     projections = [getattr(m, name, None) for name in PROJECTIONS]
-    if act is None or not all(type(p) is nn.QuantizedLinear and "bias" not in p for p in projections) \
-            or not source_has(nn.QuantizedLinear, *QUANTIZED_LINEAR_LINES):
+    if act is None:
         return None
-    formats = []
-    for p in projections:
-        fmt = layer_format(p)  # type: ignore[arg-type]
-        if isinstance(fmt, str):
-            return None  # each projection's own pattern says why it keeps MLX's op
-        formats.append(fmt)
-    (k, inter, _, bits, group), (k_up, n_up, _, _, _), (k_down, n_down, _, _, _) = formats
-    if (k_up, n_up, k_down, n_down) != (k, inter, inter, k):
+    up_fmt, down_fmt = joined_format(projections[:2]), joined_format(projections[2:])
+    if up_fmt is None or down_fmt is None:
+        return None  # each projection's own pattern says why, or runs alone
+    (k, (inter, n_up), bits, group), (k_down, (n_down,), bits_down, group_down) = up_fmt, down_fmt
+    if (n_up, k_down, n_down) != (inter, inter, k):
         return None
-    # (K, N, bits, group) of gate, up, down
-    tails: list[tuple[int, ...]] = [(f[0], f[1], f[3], f[4]) for f in formats]
+    # (K, N, bits, group) of gate and up joined, and of down
+    tails: list[tuple[int, ...]] = [(k, 2 * inter, bits, group), (inter, k, bits_down, group_down)]
+    joined: list[Joined] = []  # the joined gate/up, made when the patch is applied
 
     def plan(shape: tuple[int, ...]) -> list[tuple[str, Shape]]:
         rows = prod(shape[:-1])
-        return [(KERNEL, (rows, *tails[0])), (KERNEL, (rows, *tails[1])), (act, (rows, inter)),
-                (KERNEL, (rows, *tails[2]))]
+        return [(KERNEL, (rows, *tails[0])), (act, (rows, inter)), (KERNEL, (rows, *tails[1]))]
 
     def bind(router: Router, shape: tuple[int, ...], dt: Any, own: Call) -> Call | None:
         if not shape or shape[-1] != k:
@@ -301,47 +352,135 @@ def quantized_gated_mlp(m: nn.Module) -> Site | None:
         resolved = [router.resolved(kernel, s, dt, {}) for kernel, s in calls]
         counters = [counter for counter, _ in resolved]
         runners = tuple(runner for _, runner in resolved)
-        plain = _block(runners, shape, k)
+        plain = _block(runners, shape, k, inter)
         graph = router.graph((runners, shape), lambda: mx.compile(plain))
+        gu = joined[0]
 
         def call(self: Any, x: mx.array) -> mx.array:
+            if not gu.current():
+                return own(self, x)
             for counter in counters:
                 counter[0] += 1
-            g, u, d = self.gate_proj, self.up_proj, self.down_proj
+            d = self.down_proj
             fn = plain if interceptor() is not None else graph  # launches recorded: no trace
-            return fn(x, g["weight"], g["scales"], g["biases"], u["weight"], u["scales"], u["biases"],
-                      d["weight"], d["scales"], d["biases"])
+            return fn(x, gu.weight, gu.scales, gu.biases, d["weight"], d["scales"], d["biases"])
         return call
 
     def member(s: Shape) -> bool:
         return len(s) == 5 and tuple(s[1:]) in tails
 
     def named(s: Shape) -> str:  # a tuned shape in the report: which projections it is
-        if len(s) != 5 or tails[0] == tails[2]:
+        if len(s) != 5 or tails[0] == tails[1]:
             return describe(s)
-        return f"M={s[0]} {'down' if tuple(s[1:]) == tails[2] else 'gate/up'}"
+        return f"M={s[0]} {'down' if tuple(s[1:]) == tails[1] else 'gate/up'}"
 
     label = f"{k} -> {inter} -> {k}, {bits}-bit, group {group}"
-    if tails[2][2:] != (bits, group):
-        label += f" (down {tails[2][2]}-bit, group {tails[2][3]})"
+    if tails[1][2:] != (bits, group):
+        label += f" (down {tails[1][2]}-bit, group {tails[1][3]})"
     return Site("quantized gated MLP", {KERNEL: member, act: lambda s: len(s) == 2 and s[1] == inter},
-                label, plan, None, bind=bind, describe=named, consumes=PROJECTIONS, single_input=True)
+                label, plan, None, bind=bind, describe=named, consumes=PROJECTIONS, single_input=True,
+                prepare=lambda: joined.append(Joined(projections[:2])))  # type: ignore[arg-type]
 
 
-def _block(runners: Sequence[Any], shape: tuple[int, ...], k: int) -> Any:
-    """The gated MLP on ``x`` of ``shape`` through ``runners`` (gate, up, activation, down)."""
-    gate, up, act, down = runners
+def _block(runners: Sequence[Any], shape: tuple[int, ...], k: int, inter: int) -> Any:
+    """The gated MLP on ``x`` of ``shape`` through ``runners`` (gate and up joined, activation, down)."""
+    gate_up, act, down = runners
     rows, lead = prod(shape[:-1]), shape[:-1]
 
-    def fn(x: mx.array, gw: mx.array, gs: mx.array, gb: mx.array, uw: mx.array, us: mx.array, ub: mx.array,
-           dw: mx.array, ds: mx.array, db: mx.array) -> mx.array:
-        x2 = x.reshape(rows, k)
-        h = act([gate([x2, gw, gs, gb])[0], up([x2, uw, us, ub])[0]])[0]
+    def fn(x: mx.array, w: mx.array, s: mx.array, b: mx.array, dw: mx.array, ds: mx.array, db: mx.array
+           ) -> mx.array:
+        gu = gate_up([x.reshape(rows, k), w, s, b])[0]
+        h = act([gu[:, :inter], gu[:, inter:]])[0]
         out: mx.array = down([h, dw, ds, db])[0]
         return out.reshape(*lead, k)
     return fn
 
 
+# mlx-lm's llama Attention.__call__ (mlx-lm 0.32), as quantized_attention replaces it: the code after the
+# projections is the same in the replacement
+ATTENTION_LINES = (
+    "B, L, D = x.shape",
+    "queries, keys, values = self.q_proj(x), self.k_proj(x), self.v_proj(x)",
+    "queries = queries.reshape(B, L, self.n_heads, -1).transpose(0, 2, 1, 3) "
+    "keys = keys.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3) "
+    "values = values.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)",
+    "if cache is not None: queries = self.rope(queries, offset=cache.offset) "
+    "keys = self.rope(keys, offset=cache.offset) keys, values = cache.update_and_fetch(keys, values) "
+    "else: queries = self.rope(queries) keys = self.rope(keys)",
+    "output = scaled_dot_product_attention( queries, keys, values, cache=cache, scale=self.scale, "
+    "mask=mask )",
+    "output = output.transpose(0, 2, 1, 3).reshape(B, L, -1) return self.o_proj(output)",
+)
+
+
+def quantized_attention(m: nn.Module) -> Site | None:
+    """mlx-lm's llama ``Attention`` (Llama, Mistral) whose q, k and v projections are bias-free
+    ``QuantizedLinear`` layers of one format: q, k and v run as one ``quantized_matmul`` over their
+    joined weights (:class:`Joined`: ``K x (heads + 2 kv heads) * head_dim``), split into heads in the
+    same compiled graph; the rest (RoPE, the KV cache, attention, ``o_proj``) is mlx-lm's code, each
+    module called as before. One quantized launch and one call from Python instead of three. Where the
+    profile has no custom config at a call's M, a batch of sequences runs MLX's op on the joined weights
+    and ``x`` as ``(M, K)``, and one sequence the module's own code."""
+    if not (type(m).__module__.startswith("mlx_lm.models.") and type(m).__name__ == "Attention") \
+            or not source_has(type(m), *ATTENTION_LINES):
+        return None
+    parts = [getattr(m, name, None) for name in QKV]
+    fmt = joined_format(parts)
+    sdpa = vars(inspect.getmodule(type(m)) or nn).get("scaled_dot_product_attention")
+    if fmt is None or sdpa is None:
+        return None
+    k, ns, bits, group = fmt
+    heads, kv_heads = int(getattr(m, "n_heads", 0)), int(getattr(m, "n_kv_heads", 0))
+    hd = ns[0] // heads if heads else 0
+    if not hd or ns != (heads * hd, kv_heads * hd, kv_heads * hd):
+        return None
+    tail = (k, sum(ns), bits, group)
+    joined: list[Joined] = []  # the joined q/k/v, made when the patch is applied
+
+    def plan(shape: tuple[int, ...]) -> list[tuple[str, Shape]]:
+        return [(KERNEL, (prod(shape[:-1]), *tail))] if len(shape) == 3 and shape[-1] == k else []
+
+    def bind(router: Router, shape: tuple[int, ...], dt: Any, own: Call) -> Call | None:
+        calls = plan(shape)
+        if not calls or not router.picks((KERNEL, calls[0][1], dt)) and shape[0] <= 1:
+            return None  # one sequence and no custom config: mlx-lm's own code, MLX's op on (1, L, K)
+        # the profile's config, or the catalog's built-in (MLX's op on x as (M, K), as the quantized
+        # linear layers run a decode batch: _mlx_graph)
+        counter, runner = router.resolved(KERNEL, calls[0][1], dt, {})
+        b, length = shape[0], shape[1]
+
+        def heads_of(x: mx.array, w: mx.array, s: mx.array, bi: mx.array
+                     ) -> tuple[mx.array, mx.array, mx.array]:
+            qkv = runner([x.reshape(b * length, k), w, s, bi])[0].reshape(b, length, heads + 2 * kv_heads, hd)
+            return (qkv[:, :, :heads].transpose(0, 2, 1, 3),
+                    qkv[:, :, heads:heads + kv_heads].transpose(0, 2, 1, 3),
+                    qkv[:, :, heads + kv_heads:].transpose(0, 2, 1, 3))
+        graph = router.graph((runner, shape, heads, kv_heads), lambda: mx.compile(heads_of))
+        qkv = joined[0]
+
+        def call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+            if not qkv.current():
+                return own(self, x, mask, cache)
+            counter[0] += 1
+            fn = heads_of if interceptor() is not None else graph  # launches recorded: no trace
+            queries, keys, values = fn(x, qkv.weight, qkv.scales, qkv.biases)
+            if cache is not None:
+                queries = self.rope(queries, offset=cache.offset)
+                keys = self.rope(keys, offset=cache.offset)
+                keys, values = cache.update_and_fetch(keys, values)
+            else:
+                queries = self.rope(queries)
+                keys = self.rope(keys)
+            output = sdpa(queries, keys, values, cache=cache, scale=self.scale, mask=mask)
+            return self.o_proj(output.transpose(0, 2, 1, 3).reshape(b, length, -1))
+        return call
+
+    return Site("quantized attention projections", {KERNEL: lambda s: len(s) == 5 and tuple(s[1:]) == tail},
+                f"{k} -> {' + '.join(map(str, ns))}, {bits}-bit, group {group}", plan, None, bind=bind,
+                describe=lambda s: f"M={s[0]} q/k/v", consumes=QKV,
+                prepare=lambda: joined.append(Joined(parts)))  # type: ignore[arg-type]
+
+
 # blocks first: a block takes over the layers it holds (model_patch matches these before the others)
-BLOCKS = (quantized_gated_mlp,)
+BLOCKS = (quantized_gated_mlp, quantized_attention)
 PATTERNS = (quantized_linear, quantized_experts)

@@ -46,11 +46,12 @@ class Architecture:
     expert_size_field: str = "intermediate_size"
     moe_block: str = "mlp"  # the sparse block's attribute in a decoder layer
     tied_head: bool | None = True  # tie_word_embeddings when the config does not say (None: always tied)
+    joined_qkv: bool = False  # mlx-lm's llama Attention: q, k, v joined by the patch (model_quant)
 
 
 ARCHITECTURES: dict[str, Architecture] = {
-    "llama": Architecture("llama"),
-    "mistral": Architecture("llama"),  # mlx-lm maps mistral onto llama
+    "llama": Architecture("llama", joined_qkv=True),
+    "mistral": Architecture("llama", joined_qkv=True),  # mlx-lm maps mistral onto llama
     "qwen2": Architecture("qwen2"),
     "qwen3": Architecture("qwen3", qk_norm=True),
     "qwen3_moe": Architecture("qwen3_moe", qk_norm=True, moe=True, experts_field="num_experts",
@@ -217,9 +218,10 @@ def linear_layers(config: dict[str, Any], arch: Architecture, dims: dict[str, in
     dense_only = config.get("mlp_only_layers") or []
     for i in range(int(config["num_hidden_layers"])):
         at = f"model.layers.{i}"
-        layers += [model_linears.Linear(f"{at}.self_attn.q_proj", hidden, heads * hd),
-                   model_linears.Linear(f"{at}.self_attn.k_proj", hidden, kv * hd),
-                   model_linears.Linear(f"{at}.self_attn.v_proj", hidden, kv * hd),
+        qkv = f"{at}.qkv" if arch.joined_qkv else ""
+        layers += [model_linears.Linear(f"{at}.self_attn.q_proj", hidden, heads * hd, join=qkv),
+                   model_linears.Linear(f"{at}.self_attn.k_proj", hidden, kv * hd, join=qkv),
+                   model_linears.Linear(f"{at}.self_attn.v_proj", hidden, kv * hd, join=qkv),
                    model_linears.Linear(f"{at}.self_attn.o_proj", heads * hd, hidden)]
         sparse = arch.moe and i not in dense_only and isinstance(sparse_step, int) and sparse_step > 0 \
             and (i + 1) % sparse_step == 0
@@ -232,8 +234,9 @@ def linear_layers(config: dict[str, Any], arch: Architecture, dims: dict[str, in
                                           ("down_proj", size, hidden))]
         else:
             inter = dims["intermediate_size"]
-            layers += [model_linears.Linear(f"{at}.mlp.gate_proj", hidden, inter),
-                       model_linears.Linear(f"{at}.mlp.up_proj", hidden, inter),
+            gate_up = f"{at}.mlp.gate_up"
+            layers += [model_linears.Linear(f"{at}.mlp.gate_proj", hidden, inter, join=gate_up),
+                       model_linears.Linear(f"{at}.mlp.up_proj", hidden, inter, join=gate_up),
                        model_linears.Linear(f"{at}.mlp.down_proj", inter, hidden)]
     tied = arch.tied_head is None or bool(config.get("tie_word_embeddings", arch.tied_head))
     vocab = config.get("vocab_size")

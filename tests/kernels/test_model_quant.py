@@ -21,6 +21,7 @@ mlx_lm = pytest.importorskip("mlx_lm")
 
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
+import numpy as np  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
 import kernelfleet  # noqa: E402
@@ -40,15 +41,18 @@ QWEN3_MOE = {"model_type": "qwen3_moe", "hidden_size": 128, "num_hidden_layers":
              "moe_intermediate_size": 128, "rms_norm_eps": 1e-6, "vocab_size": 128, "rope_theta": 1e6,
              "tie_word_embeddings": False, "max_position_embeddings": 4096, "norm_topk_prob": True}
 # QuantizedLinear layers: Llama 7 a layer + lm_head; the MoE 4 attention + the router (layer 0) or 3 MLP
-# QuantizedLinear layers patched one by one (attention, MoE router, LM head), and the dense gated MLPs
-# whose three projections run as one block (model_quant.quantized_gated_mlp)
-QUANTIZED_LINEARS = {"llama": 2 * 4 + 1, "qwen3_moe": 4 + 1 + 4 + 1}
+# QuantizedLinear layers patched one by one (Llama's o_proj, the MoE's attention and router, LM head), the
+# dense gated MLPs whose three projections run as one block (model_quant.quantized_gated_mlp, gate and up
+# joined), and Llama's attention, whose q, k and v run joined (model_quant.quantized_attention; Qwen3's
+# attention normalises q and k per head and keeps its layers)
+QUANTIZED_LINEARS = {"llama": 2 * 1 + 1, "qwen3_moe": 4 + 1 + 4 + 1}
 MLP_BLOCKS = {"llama": 2, "qwen3_moe": 1}
+ATTENTION_BLOCKS = {"llama": 2, "qwen3_moe": 0}
 
 
-def build(config: dict[str, Any], bits: int, group: int, dtype: Any = mx.float32) -> Any:
+def build(config: dict[str, Any], bits: int, group: int, dtype: Any = mx.float32, seed: int = 3) -> Any:
     module = importlib.import_module(f"mlx_lm.models.{ARCHITECTURES[config['model_type']].mlx_module}")
-    mx.random.seed(3)
+    mx.random.seed(seed)
     model = module.Model(module.ModelArgs.from_dict(config))
     model.set_dtype(dtype)
     nn.quantize(model, group_size=group, bits=bits)
@@ -107,6 +111,10 @@ def blocks(report: Any) -> list[Any]:
     return [m for m in report.modules if m.kind == "quantized gated MLP"]
 
 
+def attentions(report: Any) -> list[Any]:
+    return [m for m in report.modules if m.kind == "quantized attention projections"]
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("config", [LLAMA, QWEN3_MOE], ids=["llama", "qwen3_moe"])
@@ -115,12 +123,18 @@ def test_quantized_layers_take_the_profile_and_keep_the_logits(config: dict[str,
     model = build(config, bits, group)
     stock = logits(model, PROMPT)
     report = kernelfleet.patch(model, profile=profile_for(config, bits, group))
-    layers, mlps = quantized(report), blocks(report)
+    layers, mlps, attns = quantized(report), blocks(report), attentions(report)
     assert len(layers) == QUANTIZED_LINEARS[config["model_type"]], str(report)
     assert len(mlps) == MLP_BLOCKS[config["model_type"]], str(report)
-    assert all(m.patched for m in layers + mlps), str(report)
+    assert len(attns) == ATTENTION_BLOCKS[config["model_type"]], str(report)
+    assert all(m.patched for m in layers + mlps + attns), str(report)
     text = str(report)
-    assert f"patched  quantized linear (128 -> 64, {bits}-bit, group {group}, float32)" in text
+    if config["model_type"] == "llama":
+        assert f"patched  quantized attention projections (128 -> 128 + 64 + 64, {bits}-bit, group " \
+               f"{group}, float32) x2: profile: quantized_matmul: custom at M=1 q/k/v (qmv), " \
+               f"M={len(PROMPT)} q/k/v (dq)" in text
+    else:
+        assert f"patched  quantized linear (128 -> 64, {bits}-bit, group {group}, float32)" in text
     assert f"quantized_matmul: custom at M=1 (qmv), M={len(PROMPT)} (dq)" in text  # what each runs
     assert f"patched  quantized gated MLP (128 -> 256 -> 128, {bits}-bit, group {group}, float32)" in text
     assert f"quantized_matmul: custom at M=1 gate/up (qmv), M={len(PROMPT)} gate/up (dq), M=1 down (qmv), " \
@@ -130,8 +144,9 @@ def test_quantized_layers_take_the_profile_and_keep_the_logits(config: dict[str,
     # the prefill and the decode step each took the kernel path at their own M, in every layer
     assert all(m.calls == {"custom": 2, "builtin": 0, "module": 0} for m in layers), \
         [(m.path, m.calls) for m in layers]
-    # each block call: its three projections custom, the activation (untuned) the built-in
-    assert all(m.calls == {"custom": 6, "builtin": 2, "module": 0} for m in mlps), [m.calls for m in mlps]
+    # each block call: gate/up joined and down custom, the activation (untuned) the built-in
+    assert all(m.calls == {"custom": 4, "builtin": 2, "module": 0} for m in mlps), [m.calls for m in mlps]
+    assert all(m.calls == {"custom": 2, "builtin": 0, "module": 0} for m in attns), [m.calls for m in attns]
     if config["model_type"] == "qwen3_moe":  # 7 tokens x 2 experts: too few pairs for the sorted kernel
         experts = [m for m in report.modules if m.kind == "quantized experts"]
         assert len(experts) == 3 and not any(m.patched for m in experts)
@@ -156,7 +171,8 @@ def test_greedy_decoding_keeps_stocks_tokens(config: dict[str, Any], bits: int, 
             break
         assert a == b, (step, a, b, margin)
     assert all(m.calls["custom"] == 65 for m in quantized(report))  # the prompt, then 64 steps
-    assert all(m.calls["custom"] == 3 * 65 for m in blocks(report))
+    assert all(m.calls["custom"] == 2 * 65 for m in blocks(report))
+    assert all(m.calls["custom"] == 65 for m in attentions(report))
     kernelfleet.unpatch(model)
 
 
@@ -191,11 +207,13 @@ def test_each_call_picks_by_its_token_count() -> None:
     report = kernelfleet.patch(model, profile=profile_for(LLAMA, 4, 64, prefill=()))
     assert all(close(a, b) <= LOGIT_TOL for a, b in zip(stock, logits(model, PROMPT), strict=True))
     assert all(m.calls == {"custom": 1, "builtin": 0, "module": 1} for m in quantized(report))
-    assert all(m.calls == {"custom": 3, "builtin": 1, "module": 1} for m in blocks(report))
+    assert all(m.calls == {"custom": 2, "builtin": 1, "module": 1} for m in blocks(report))
+    assert all(m.calls == {"custom": 1, "builtin": 0, "module": 1} for m in attentions(report))
     mx.eval(model(mx.array([[1], [2]])))
     assert all(m.calls["module"] == 2 for m in quantized(report))
     # a block at M=2 with no entry: one graph of the built-ins on x as (M, K), as a layer's own path there
-    assert all(m.calls == {"custom": 3, "builtin": 5, "module": 1} for m in blocks(report))
+    assert all(m.calls == {"custom": 2, "builtin": 4, "module": 1} for m in blocks(report))
+    assert all(m.calls == {"custom": 1, "builtin": 1, "module": 1} for m in attentions(report))
     kernelfleet.unpatch(model)
 
 
@@ -225,7 +243,8 @@ def test_a_decode_batch_without_an_entry_runs_mlx_on_m_by_k(monkeypatch: pytest.
     assert mx.array_equal(stock, patched).item()
     assert ranks and set(ranks) == {2}  # traced once per shape, every layer's call on (M, K)
     assert all(m.calls == {"custom": 0, "builtin": 0, "module": 1} for m in quantized(report))
-    assert all(m.calls == {"custom": 0, "builtin": 4, "module": 0} for m in blocks(report))
+    assert all(m.calls == {"custom": 0, "builtin": 3, "module": 0} for m in blocks(report))
+    assert all(m.calls == {"custom": 0, "builtin": 1, "module": 0} for m in attentions(report))
     mx.eval(model(mx.array([PROMPT])))  # (1, 7, K): the layer's own call
     assert set(ranks) == {2, 3}
     kernelfleet.unpatch(model)
@@ -240,8 +259,9 @@ def test_what_is_resolved_once_per_shape(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(runtime, "resolve", lambda *a: calls.append(a) or real(*a))
     logits(model, PROMPT)
     first = len(calls)
-    # each layer: M=7, then M=1; each block its kernels at both (3 runners: gate and up share a shape)
-    assert first == len(quantized(report)) * 2 + len(blocks(report)) * 3 * 2
+    # each layer: M=7, then M=1; each MLP block its 3 kernels (gate/up joined, activation, down) at both,
+    # each attention block its joined q/k/v at both
+    assert first == len(quantized(report)) * 2 + len(blocks(report)) * 3 * 2 + len(attentions(report)) * 2
     for _ in range(3):
         logits(model, PROMPT)
     assert len(calls) == first
@@ -322,15 +342,17 @@ def test_where_custom_kernels_run_each_layer_launches_its_path(monkeypatch: pyte
     report = kernelfleet.patch(model, profile=profile_for(LLAMA, 4, 64))
     with capture() as launches:
         logits(model, PROMPT)
-    layers, mlps = quantized(report), blocks(report)
-    projections = len(layers) + 3 * len(mlps)  # a block's activation is untuned: MLX's op, no launch
+    layers, mlps, attns = quantized(report), blocks(report), attentions(report)
+    # a block's activation is untuned: MLX's op, no launch; gate/up and q/k/v each one launch
+    projections = len(layers) + 2 * len(mlps) + len(attns)
     assert len(launches) == 2 * projections
     qmv = [r for r in launches if r.rendered.name.startswith("kf_qmv_")]
     assert len(qmv) == projections
     assert {r.input_shapes[0] for r in qmv} == {(1, 128), (1, 256)}  # x as (M, K): K 128, or 256 (down_proj)
     assert all(dict(r.launch.template)["MR"] == 1 and dict(r.launch.template)["BITS"] == 4 for r in qmv)
     assert all(m.calls == {"custom": 2, "builtin": 0, "module": 0} for m in layers)
-    assert all(m.calls == {"custom": 6, "builtin": 2, "module": 0} for m in mlps)
+    assert all(m.calls == {"custom": 4, "builtin": 2, "module": 0} for m in mlps)
+    assert all(m.calls == {"custom": 2, "builtin": 0, "module": 0} for m in attns)
     kernelfleet.unpatch(model)
 
 
@@ -388,5 +410,39 @@ def test_a_gated_mlp_is_one_block_only_where_its_projections_are_plain_quantized
     assert {m.label for m in mlps} == {"128 -> 256 -> 128, 4-bit, group 64 (down 8-bit, group 32)"}
     for a, b in zip(stock, logits(model, PROMPT), strict=True):
         assert close(a, b) <= LOGIT_TOL
-    assert all(m.calls == {"custom": 6, "builtin": 2, "module": 0} for m in mlps), [m.calls for m in mlps]
+    assert all(m.calls == {"custom": 4, "builtin": 2, "module": 0} for m in mlps)
     kernelfleet.unpatch(model)
+
+
+def test_joined_projections_share_one_buffer_and_follow_new_weights() -> None:
+    """Patching joins q/k/v and gate/up (model_quant.Joined): the layers' own arrays become views into
+    the joined ones (the same values, the same parameter names: nothing is stored twice or added to
+    the model's tree). New weights loaded after patching are what the model computes with: the block
+    sees its views are gone and runs the module's own code. unpatch keeps the views' values."""
+    from mlx.utils import tree_flatten
+
+    model = build(LLAMA, 4, 64)
+    before = dict(tree_flatten(model.parameters()))
+    stock = logits(model, PROMPT)
+    report = kernelfleet.patch(model, profile=profile_for(LLAMA, 4, 64))
+    after = dict(tree_flatten(model.parameters()))
+    assert after.keys() == before.keys()
+    assert all(mx.array_equal(before[k], after[k]).item() for k in before)
+    attn = model.model.layers[0].self_attn
+    # the views' data lie back to back in one buffer: q's rows, then k's, then v's
+    q, k, v = (np.asarray(attn[name]["weight"]) for name in ("q_proj", "k_proj", "v_proj"))  # no copy
+
+    def address(a: np.ndarray) -> int:
+        return int(a.__array_interface__["data"][0])
+    assert address(k) == address(q) + q.nbytes and address(v) == address(k) + k.nbytes
+
+    # other weights, loaded as mlx-lm's load_weights would: the patched model computes with them
+    other = build(LLAMA, 4, 64, seed=11)
+    expected = logits(other, PROMPT)
+    model.load_weights(list(tree_flatten(other.parameters())))
+    got = logits(model, PROMPT)
+    assert all(close(a, b) <= LOGIT_TOL for a, b in zip(expected, got, strict=True))
+    assert all(m.calls["module"] == 2 for m in attentions(report) + blocks(report))
+    kernelfleet.unpatch(model)
+    assert all(close(a, b) <= LOGIT_TOL for a, b in zip(expected, logits(model, PROMPT), strict=True))
+    assert not all(close(a, b) <= LOGIT_TOL for a, b in zip(stock, expected, strict=True))

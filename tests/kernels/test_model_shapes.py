@@ -144,14 +144,16 @@ def test_quantized_matmul_at_every_quantized_layer_and_token_count() -> None:
     plan = derive({**c, "quantization": {"group_size": 64, "bits": 4, "mode": "affine"}})
     d, inter, vocab = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
     kv = c["num_key_value_heads"] * d // c["num_attention_heads"]
-    layers = [(d, d), (d, kv), (d, inter), (inter, d), (d, vocab)]  # q/o, k/v, gate/up, down, lm_head
+    # q, k and v joined (the patch runs them as one matmul: model_quant.quantized_attention), o, gate and
+    # up joined (model_quant.quantized_gated_mlp), down, lm_head
+    layers = [(d, d + 2 * kv), (d, d), (d, 2 * inter), (inter, d), (d, vocab)]
     assert plan.kernel_shapes["quantized_matmul"] == [fmt(m, k, n, 4, 64)
                                                       for k, n in layers for m in QUANT_ROWS]
     at = "model.layers.*."
     assert plan.sites["quantized_matmul"] == [
-        f"4096 -> 4096, 4-bit group 64: {at}self_attn.q_proj x32, {at}self_attn.o_proj x32",
-        f"4096 -> 1024, 4-bit group 64: {at}self_attn.k_proj x32, {at}self_attn.v_proj x32",
-        f"4096 -> 14336, 4-bit group 64: {at}mlp.gate_proj x32, {at}mlp.up_proj x32",
+        f"4096 -> 6144, 4-bit group 64: {at}self_attn.q_proj+k_proj+v_proj x32",
+        f"4096 -> 4096, 4-bit group 64: {at}self_attn.o_proj x32",
+        f"4096 -> 28672, 4-bit group 64: {at}mlp.gate_proj+up_proj x32",
         f"14336 -> 4096, 4-bit group 64: {at}mlp.down_proj x32",
         "4096 -> 128256, 4-bit group 64: lm_head"]
     assert plan.notes == []
@@ -160,8 +162,8 @@ def test_quantized_matmul_at_every_quantized_layer_and_token_count() -> None:
     # the token counts are the plan's own: decode, draft-verify, prefill
     small = derive({**c, "quantization": {"group_size": 32, "bits": 8}}, decode=(1,), prefill=(128,),
                    verify=(5,))
-    assert small.kernel_shapes["quantized_matmul"][:3] == ["1x4096x4096x8x32", "5x4096x4096x8x32",
-                                                           "128x4096x4096x8x32"]
+    assert small.kernel_shapes["quantized_matmul"][:3] == ["1x4096x6144x8x32", "5x4096x6144x8x32",
+                                                           "128x4096x6144x8x32"]
     assert small.kernel_shapes["rmsnorm"] == ["1x4096", "128x4096"]  # verify: the quantized matmuls only
 
 
@@ -182,6 +184,11 @@ def test_per_layer_quantization_overrides() -> None:
     assert "quantized_matmul left out for model.layers.2.self_attn.q_proj: 3-bit (quantized_matmul takes " \
            "4 or 8 bits); these layers keep MLX's op" in plan.notes
     assert "not quantized: model.layers.1.mlp.down_proj" in plan.notes
+    # a layer whose q is left out runs k and v alone; the others join them
+    assert "4096 -> 1024, 4-bit group 64: model.layers.2.self_attn.k_proj, model.layers.2.self_attn.v_proj" \
+        in plan.sites["quantized_matmul"]
+    assert "4096 -> 6144, 4-bit group 64: model.layers.*.self_attn.q_proj+k_proj+v_proj x31" \
+        in plan.sites["quantized_matmul"]
 
 
 def test_quantized_moe_plans_attention_router_and_experts() -> None:
