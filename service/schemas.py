@@ -53,12 +53,13 @@ class Strict(BaseModel):
 
 
 def _has_nul(value: Any) -> bool:
-    """A NUL in a validated field: a string, a list of strings, a dict's keys or values. Nested
-    models check their own fields; lists of numbers (most of a report) are not looked through."""
+    """A NUL in a validated field: a string, or one inside a list or a dict (keys and values, at any
+    depth, as a free-form model config holds them: lists may mix strings with numbers and booleans).
+    Nested models check their own fields; a list's numbers cost one type check each."""
     if isinstance(value, str):
         return "\x00" in value
     if isinstance(value, list):
-        return bool(value) and isinstance(value[0], str) and any("\x00" in v for v in value)
+        return any(_has_nul(v) for v in value if isinstance(v, (str, list, dict)))
     if isinstance(value, dict):
         return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
     return False

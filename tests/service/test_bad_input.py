@@ -228,6 +228,13 @@ def test_bad_inputs_get_clear_4xx_and_change_nothing(coordinator_factory: Any) -
              "worker", json_body={"lease_token": held["lease_token"], "error": "boom\x00"}),
         Case("NUL in a lease token", "POST", f"/jobs/{job}/heartbeat", 422,
              "lease_token: must not contain NUL", "worker", json_body={"lease_token": "kfl_\x00"}),
+        # a free-form model config: lists that mix strings with booleans and numbers (schemathesis seed
+        # 20261129 found the first one answered 500)
+        Case("a string and a boolean in one config list", "POST", "/campaigns", 422, "runtime_settings",
+             "admin", json_body={"name": "n", "runtime_settings": {"config": {"x": ["a", True]}}}),
+        Case("NUL after a number in a config list", "POST", "/campaigns", 422,
+             "runtime_settings.config: must not contain NUL", "admin",
+             json_body={"name": "n", "runtime_settings": {"config": {**LLAMA, "x": [1, ["a\x00"]]}}}),
         Case("NUL in an acknowledge note", "POST", "/regressions/1/acknowledge", 422,
              "note: must not contain NUL", "admin", json_body={"note": "\x00"}),
         # integers past the database's columns: ids are PostgreSQL `integer`, offsets 64-bit

@@ -35,12 +35,13 @@ def test_a_quantized_model_plans_its_quantized_matmuls(tmp_path: Path) -> None:
     sets, dtypes, name, printed = plan(path, decode=[1, 8], prefill=[2048])
     assert name == "llama (Llama-3-8B-4bit)" and dtypes == ["bfloat16"]
     shapes = sets["quantized_matmul"]
-    assert shapes[:6] == [f"{m}x4096x4096x4x64" for m in (1, 2, 3, 4, 8, 2048)]
-    assert "1x14336x4096x8x64" in shapes and len(shapes) == 6 * 6  # 6 layer formats x 6 token counts
+    assert shapes[:6] == [f"{m}x4096x6144x4x64" for m in (1, 2, 3, 4, 8, 2048)]  # q/k/v joined
+    assert "1x14336x4096x8x64" in shapes and "1x4096x28672x4x64" in shapes  # down in 8 bits, gate/up joined
+    assert len(shapes) == 6 * 6  # 6 layer formats x 6 token counts
     assert "quantized matmuls also at 2, 3, 4 (draft-verify)" in printed
     assert "quantized_matmul" in printed and "model.layers.0.mlp.down_proj" in printed  # where it is called
     sets, _, _, printed = plan(path, decode=[1], prefill=[512], verify=[4])
-    assert sets["quantized_matmul"][:3] == ["1x4096x4096x4x64", "4x4096x4096x4x64", "512x4096x4096x4x64"]
+    assert sets["quantized_matmul"][:3] == ["1x4096x6144x4x64", "4x4096x6144x4x64", "512x4096x6144x4x64"]
     assert "quantized matmuls also at 4 (draft-verify)" in printed
 
 
