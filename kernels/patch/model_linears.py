@@ -16,6 +16,7 @@ the catalog's kernel takes sorted pairs only, so smaller calls (decode) keep MLX
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -80,11 +81,12 @@ def plan_quantized(config: dict[str, Any], layers: Sequence[Linear],
             joins.setdefault(layer.join, []).append((layer, (layer.k, layer.n, bits, group)))
             continue
         formats.setdefault((layer.k, layer.n, *experts, bits, group), []).append(layer.path)
+    join_sizes = Counter(layer.join for layer in layers if layer.join)
     for label, members in joins.items():
         # the patch joins them where all are quantized in one format (model_quant.Joined), else each
         # runs alone
         one = {(f[0], f[2], f[3]) for _, f in members}
-        if len(one) == 1 and len(members) == sum(1 for layer in layers if layer.join == label):
+        if len(one) == 1 and len(members) == join_sizes[label]:
             k, bits, group = one.pop()
             head = members[0][0].path
             path = "+".join([head, *(layer.path.rsplit(".", 1)[-1] for layer, _ in members[1:])])
@@ -93,8 +95,8 @@ def plan_quantized(config: dict[str, Any], layers: Sequence[Linear],
         for layer, f in members:
             formats.setdefault(f, []).append(layer.path)
     position = {layer.path: i for i, layer in enumerate(layers)}  # plan in the model's order
-    first = {fmt: min(position.get(p, position.get(p.split("+")[0], 0)) for p in paths)
-             for fmt, paths in formats.items()}
+    # a joined entry's path starts with its first layer's: "<q_proj's path>+k_proj+v_proj"
+    first = {fmt: min(position[p.split("+")[0]] for p in paths) for fmt, paths in formats.items()}
     unsorted = []
     for fmt, paths in sorted(formats.items(), key=lambda item: first[item[0]]):
         k, n, bits, group = fmt[0], fmt[1], fmt[-2], fmt[-1]

@@ -442,7 +442,7 @@ def quantized_attention(m: nn.Module) -> Site | None:
 
     def bind(router: Router, shape: tuple[int, ...], dt: Any, own: Call) -> Call | None:
         calls = plan(shape)
-        if not calls or not router.picks((KERNEL, calls[0][1], dt)) and shape[0] <= 1:
+        if not calls or (not router.picks((KERNEL, calls[0][1], dt)) and shape[0] <= 1):
             return None  # one sequence and no custom config: mlx-lm's own code, MLX's op on (1, L, K)
         # the profile's config, or the catalog's built-in (MLX's op on x as (M, K), as the quantized
         # linear layers run a decode batch: _mlx_graph)
