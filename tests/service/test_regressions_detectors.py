@@ -290,6 +290,23 @@ def test_locate_does_not_start_a_step_at_the_bad_runs_just_before_it() -> None:
         assert [locate(runs, [t]) for t in (4, 5, 6, 7)] == [[6]] * 4
 
 
+def test_locate_takes_the_recorded_change_over_a_bad_run_on_the_new_level() -> None:
+    """A 10 % step at run 9 (a new kernel) right after a bad run of +9 % that lands on the new level
+    (the series wanders 1-2 % a run). By the runs alone run 8 is the likelier start (about e^4.7
+    times), which an alert there reports one run early (a miss and a false alarm at once); but bad
+    runs are a few percent of runs and the kernel changed at run 9, so the step is placed there.
+    With nothing recorded, the runs decide."""
+    from kernelfleet.service.regressions.locate import locate
+
+    levels = [101.6, 99.1, 101.2, 98.0, 100.3, 99.4, 100.2, 100.9, 109.0, 110.3, 109.6, 111.9, 110.0, 108.5]
+    rng = np.random.default_rng(1)
+    runs = [run(v, rng, spread=0.005, kernel_hash="k2" if i >= 9 else "k1") for i, v in enumerate(levels)]
+    assert [locate(runs, [t]) for t in (7, 8, 9, 10)] == [[9]] * 4
+    assert locate(runs, [8], change_bonus=3.0) == [8]  # the prior before (3 nats) was too weak
+    plain = [run(v, rng, spread=0.005) for v in levels]
+    assert locate(plain, [9]) == [8]
+
+
 def test_shift_at_a_known_change_needs_the_loss_beyond_the_rounds_noise() -> None:
     """Runtime settings' rounds across an MLX upgrade (service/runtime_settings.py): each round's time
     relative to MLX's defaults (1 / its gain), the change known to lie at the upgrade. A gain of 1.2x
