@@ -267,9 +267,9 @@ def quantized_lines(args: argparse.Namespace, bench: Any, config: dict[str, Any]
                     model_patch.unpatch(model)
         assert report is not None
         # the projections the patch routes: one a quantized linear layer, three a gated MLP block or an
-        # attention block's joined q/k/v
+        # attention block's joined q/k/v, seven a decoder layer block
         calls = max(sum({"quantized linear": 1, "quantized gated MLP": 3,
-                         "quantized attention projections": 3}.get(m.kind, 0)
+                         "quantized attention projections": 3, "quantized decoder layer": 7}.get(m.kind, 0)
                         for m in report.patched), 1)
         stock, raw, patched = (statistics.median(v) for v in host.values())
         yield (f"  decode batch {b}, {config['num_hidden_layers']} layers: host µs to build one step, median "

@@ -35,10 +35,14 @@ import mlx.nn as nn
 
 from ..common import dtype_name
 from . import runtime
+from .model_layer import quantized_decoder_layer
 from .model_patterns import PATTERNS, KernelSwiGLU, Router, Site, wrap
-from .model_quant import BLOCKS as QUANTIZED_BLOCKS
+from .model_quant import BLOCKS
 from .model_quant import PATTERNS as QUANTIZED_PATTERNS
 from .profile_view import DEFAULT_MIN_CONFIDENCE, ProfileView, load
+
+# blocks first: a block takes over the modules it holds (patterns a module matches are tried in this order)
+QUANTIZED_BLOCKS = (quantized_decoder_layer, *BLOCKS)
 
 ATTR = "_kernelfleet_patch"
 
@@ -166,19 +170,20 @@ def patch(model: nn.Module, profile: str | Path | dict[str, Any] | None = None, 
     report = PatchReport([], view.source, target.backend, dtype)
     consumed: set[int] = set()
     shared: dict[Any, Any] = {}  # compiled graphs shared by the patched modules
-    sites: list[tuple[str, nn.Module, Site]] = []
+    sites: list[tuple[str, nn.Module, list[Site]]] = []
     for path, module in model.named_modules():
-        for pattern in (*QUANTIZED_BLOCKS, *PATTERNS, *QUANTIZED_PATTERNS):
-            site = pattern(module)
-            if site is not None:
-                sites.append((path, module, site))
-                break
+        found = [site for pattern in (*QUANTIZED_BLOCKS, *PATTERNS, *QUANTIZED_PATTERNS)
+                 if (site := pattern(module)) is not None]
+        if found:
+            sites.append((path, module, found))
     # blocks before their children: named_modules lists children first, so order by path depth
     sites.sort(key=lambda t: t[0].count("."))
-    for path, module, site in sites:
+    for path, module, found in sites:
         if id(module) in consumed:
             continue
-        patched, reason = _decide(site, view, dtype)
+        # the module's patterns in order (the widest first): the first the profile picks runs
+        decided = [(site, *_decide(site, view, dtype)) for site in found]
+        site, patched, reason = next((d for d in decided if d[1]), decided[0])
         router = Router(view, gpu, shared=shared) if patched else None
         report.modules.append(ModuleReport(path or "<model>", site.kind, site.label, patched, reason, router))
         if router is None:
@@ -189,8 +194,11 @@ def patch(model: nn.Module, profile: str | Path | dict[str, Any] | None = None, 
             report._undo.append(_replace_child(module, site.replace_child, site, router))
         else:
             report._undo.append(_swap_class(module, site, router))
-        for child in site.consumes:
-            consumed.add(id(getattr(module, child)))
+        for child in site.consumes:  # a name, or a dotted path below the module
+            owner = module
+            for name in child.split("."):
+                owner = getattr(owner, name)
+            consumed.add(id(owner))
     report.modules.sort(key=lambda m: m.path)
     report.runtime_settings = runtime_settings_line(model, target.chip)
     setattr(model, ATTR, report)

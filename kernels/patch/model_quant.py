@@ -314,6 +314,24 @@ class Joined:
         return True
 
 
+def gated_mlp_format(m: nn.Module) -> tuple[str, int, int, list[tuple[int, ...]]] | None:
+    """(the activation's catalog kernel, K, the intermediate size, the (K, N, bits, group) of gate and
+    up joined and of down) where ``m`` is mlx-lm's dense gated MLP whose three projections are
+    bias-free ``QuantizedLinear`` layers the catalog's kernel takes, gate and up in one format; else
+    None."""
+    act = gated_activation(m)
+    if act is None:
+        return None
+    projections = [getattr(m, name, None) for name in PROJECTIONS]
+    up_fmt, down_fmt = joined_format(projections[:2]), joined_format(projections[2:])
+    if up_fmt is None or down_fmt is None:
+        return None
+    (k, (inter, n_up), bits, group), (k_down, (n_down,), bits_down, group_down) = up_fmt, down_fmt
+    if (n_up, k_down, n_down) != (inter, inter, k):
+        return None
+    return act, k, inter, [(k, 2 * inter, bits, group), (inter, k, bits_down, group_down)]
+
+
 def quantized_gated_mlp(m: nn.Module) -> Site | None:
     """mlx-lm's dense gated MLP (:func:`~kernelfleet.kernels.patch.model_patterns.gated_activation`) whose
     three projections are ``QuantizedLinear`` layers the catalog's kernel takes, without biases, gate and
@@ -325,18 +343,12 @@ def quantized_gated_mlp(m: nn.Module) -> Site | None:
     block's four, and two quantized launches of its three. Where no kernel of the block has a custom
     config at a call's M and ``x`` is one sequence, the block runs its own code, every projection MLX's
     op as in the stock model."""
-    act = gated_activation(m)
-    projections = [getattr(m, name, None) for name in PROJECTIONS]
-    if act is None:
-        return None
-    up_fmt, down_fmt = joined_format(projections[:2]), joined_format(projections[2:])
-    if up_fmt is None or down_fmt is None:
+    fmt = gated_mlp_format(m)
+    if fmt is None:
         return None  # each projection's own pattern says why, or runs alone
-    (k, (inter, n_up), bits, group), (k_down, (n_down,), bits_down, group_down) = up_fmt, down_fmt
-    if (n_up, k_down, n_down) != (inter, inter, k):
-        return None
-    # (K, N, bits, group) of gate and up joined, and of down
-    tails: list[tuple[int, ...]] = [(k, 2 * inter, bits, group), (inter, k, bits_down, group_down)]
+    act, k, inter, tails = fmt
+    bits, group = tails[0][2:]
+    projections = [getattr(m, name) for name in PROJECTIONS]
     joined: list[Joined] = []  # the joined gate/up, made when the patch is applied
 
     def plan(shape: tuple[int, ...]) -> list[tuple[str, Shape]]:
@@ -379,7 +391,7 @@ def quantized_gated_mlp(m: nn.Module) -> Site | None:
         label += f" (down {tails[1][2]}-bit, group {tails[1][3]})"
     return Site("quantized gated MLP", {KERNEL: member, act: lambda s: len(s) == 2 and s[1] == inter},
                 label, plan, None, bind=bind, describe=named, consumes=PROJECTIONS, single_input=True,
-                prepare=lambda: joined.append(Joined(projections[:2])))  # type: ignore[arg-type]
+                prepare=lambda: joined.append(Joined(projections[:2])))
 
 
 def _block(runners: Sequence[Any], shape: tuple[int, ...], k: int, inter: int) -> Any:
@@ -413,6 +425,29 @@ ATTENTION_LINES = (
 )
 
 
+def attention_function(m: nn.Module) -> Any:
+    """mlx-lm's ``scaled_dot_product_attention`` as the module of ``m``'s class calls it (None: none)."""
+    return vars(inspect.getmodule(type(m)) or nn).get("scaled_dot_product_attention")
+
+
+def attention_format(m: nn.Module) -> tuple[int, tuple[int, ...], int, int, int, int, int] | None:
+    """(K, the N of q, k and v, bits, group, heads, KV heads, head dim) where ``m`` is mlx-lm's llama
+    ``Attention`` (its source checked) whose q, k and v are bias-free ``QuantizedLinear`` layers of one
+    format the catalog's kernel takes; else None."""
+    if not (type(m).__module__.startswith("mlx_lm.models.") and type(m).__name__ == "Attention") \
+            or not source_has(type(m), *ATTENTION_LINES) or attention_function(m) is None:
+        return None
+    fmt = joined_format([getattr(m, name, None) for name in QKV])
+    if fmt is None:
+        return None
+    k, ns, bits, group = fmt
+    heads, kv_heads = int(getattr(m, "n_heads", 0)), int(getattr(m, "n_kv_heads", 0))
+    hd = ns[0] // heads if heads else 0
+    if not hd or ns != (heads * hd, kv_heads * hd, kv_heads * hd):
+        return None
+    return k, ns, bits, group, heads, kv_heads, hd
+
+
 def quantized_attention(m: nn.Module) -> Site | None:
     """mlx-lm's llama ``Attention`` (Llama, Mistral) whose q, k and v projections are bias-free
     ``QuantizedLinear`` layers of one format: q, k and v run as one ``quantized_matmul`` over their
@@ -421,19 +456,12 @@ def quantized_attention(m: nn.Module) -> Site | None:
     module called as before. One quantized launch and one call from Python instead of three. Where the
     profile has no custom config at a call's M, a batch of sequences runs MLX's op on the joined weights
     and ``x`` as ``(M, K)``, and one sequence the module's own code."""
-    if not (type(m).__module__.startswith("mlx_lm.models.") and type(m).__name__ == "Attention") \
-            or not source_has(type(m), *ATTENTION_LINES):
+    fmt = attention_format(m)
+    if fmt is None:
         return None
-    parts = [getattr(m, name, None) for name in QKV]
-    fmt = joined_format(parts)
-    sdpa = vars(inspect.getmodule(type(m)) or nn).get("scaled_dot_product_attention")
-    if fmt is None or sdpa is None:
-        return None
-    k, ns, bits, group = fmt
-    heads, kv_heads = int(getattr(m, "n_heads", 0)), int(getattr(m, "n_kv_heads", 0))
-    hd = ns[0] // heads if heads else 0
-    if not hd or ns != (heads * hd, kv_heads * hd, kv_heads * hd):
-        return None
+    k, ns, bits, group, heads, kv_heads, hd = fmt
+    parts = [getattr(m, name) for name in QKV]
+    sdpa = attention_function(m)
     tail = (k, sum(ns), bits, group)
     joined: list[Joined] = []  # the joined q/k/v, made when the patch is applied
 
@@ -478,7 +506,7 @@ def quantized_attention(m: nn.Module) -> Site | None:
     return Site("quantized attention projections", {KERNEL: lambda s: len(s) == 5 and tuple(s[1:]) == tail},
                 f"{k} -> {' + '.join(map(str, ns))}, {bits}-bit, group {group}", plan, None, bind=bind,
                 describe=lambda s: f"M={s[0]} q/k/v", consumes=QKV,
-                prepare=lambda: joined.append(Joined(parts)))  # type: ignore[arg-type]
+                prepare=lambda: joined.append(Joined(parts)))
 
 
 # blocks first: a block takes over the layers it holds (model_patch matches these before the others)

@@ -48,10 +48,13 @@ def test_tiny_run_end_to_end() -> None:
     # gather_quantized_matmul at 16 tokens x 4 experts
     assert "patched  quantized linear (128 -> 256, 4-bit, group 64, float32) x1: profile: " \
            "quantized_matmul: custom at M=2 (qmv); built-in at M=16" in out  # the LM head
-    # the dense MLPs' three projections and their activation as one block
-    assert "patched  quantized gated MLP (128 -> 256 -> 128, 4-bit, group 64, float32) x2: profile: " \
-           "quantized_matmul: custom at M=2 gate/up (qmv), M=2 down (qmv); built-in at M=16 gate/up, " \
-           "M=16 down; swiglu: custom at M=2, M=16" in out
+    # Llama's decoder layers as one block each: q/k/v and gate/up joined, o and down, the activation and
+    # the norms
+    assert "patched  quantized decoder layer (128 -> 128 + 64 + 64 | 128 -> 256 -> 128, 4-bit, group 64, " \
+           "float32) x2: profile: quantized_matmul: custom at M=2 q/k/v (qmv), M=2 o (qmv), " \
+           "M=2 gate/up (qmv), M=2 down (qmv); built-in at M=16 q/k/v, M=16 o, M=16 gate/up, M=16 down; " \
+           "swiglu: custom at M=2, M=16; rmsnorm: custom at M=2, M=16; add_rmsnorm: custom at M=2, " \
+           "M=16" in out
     assert "patched  quantized linear (128 -> 32, 8-bit, group 64, float32) x2" in out
     assert "patched  quantized experts (32 experts, 128 -> 64, 4-bit, group 64, float32) x4: profile: " \
            "gather_quantized_matmul: custom at T=64 (dq)" in out

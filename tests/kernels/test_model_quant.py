@@ -32,9 +32,12 @@ from kernelfleet.kernels.spec import parse_shape  # noqa: E402
 
 LOGIT_TOL = 1e-4  # max |patched - stock| / max |stock logit|
 PROMPT = [5, 17, 3, 99, 42, 8, 61]
+# a Llama whose RoPE (dynamic NTK scaling) the decoder-layer block does not run, so that its attention and
+# MLP blocks are the ones patched here (tests/kernels/test_model_layer.py: the layer as one block)
 LLAMA = {"model_type": "llama", "hidden_size": 128, "num_hidden_layers": 2, "intermediate_size": 256,
          "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 128,
-         "rope_theta": 500000.0, "tie_word_embeddings": False}
+         "rope_theta": 500000.0, "tie_word_embeddings": False, "max_position_embeddings": 4096,
+         "rope_scaling": {"type": "dynamic", "factor": 2.0}}
 QWEN3_MOE = {"model_type": "qwen3_moe", "hidden_size": 128, "num_hidden_layers": 2, "intermediate_size": 256,
              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "num_experts": 8,
              "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [1],
@@ -101,6 +104,18 @@ def greedy(model: Any, steps: int) -> tuple[list[int], list[float]]:
         margins.append(float((top2[1] - top2[0]).item()))
         y = model(mx.array([[tokens[-1]]]), cache=cache)[:, -1, :]
     return tokens, margins
+
+
+def batch_step(model: Any) -> tuple[list[Any], mx.array, mx.array]:
+    """(a KV cache after a prompt of 3 sequences, a decode step of them, stock's logits for that step),
+    the cache set back to before the step so that the same step can run again."""
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.array([PROMPT, PROMPT[::-1], PROMPT]), cache=cache))
+    step = mx.array([[11], [12], [13]])
+    stock = model(step, cache=cache)
+    for c in cache:
+        c.offset -= 1
+    return cache, step, stock
 
 
 def quantized(report: Any) -> list[Any]:
@@ -224,12 +239,7 @@ def test_a_decode_batch_without_an_entry_runs_mlx_on_m_by_k(monkeypatch: pytest.
     on x as (3, K), with the stock model's values bit for bit; a prompt of one sequence ((1, 7, K)) keeps
     the layer's own call."""
     model = build(LLAMA, bits, group, mx.bfloat16)
-    cache = make_prompt_cache(model)
-    mx.eval(model(mx.array([PROMPT, PROMPT[::-1], PROMPT]), cache=cache))
-    step = mx.array([[11], [12], [13]])
-    stock = model(step, cache=cache)
-    for c in cache:
-        c.offset -= 1  # the same step again, from the same cache state
+    cache, step, stock = batch_step(model)
     ranks: list[int] = []
     real = mx.quantized_matmul
 

@@ -1,0 +1,141 @@
+"""``kernelfleet.patch`` runs mlx-lm's llama decoder layer with quantized projections as one block
+(``model_layer.quantized_decoder_layer``): tiny random-weight Llamas on CPU, where each kernel of the
+block runs the catalog's built-in inside the block's two compiled graphs. The stock model's logits and
+greedy tokens are the reference, at the tolerance of :mod:`tests.kernels.test_model_quant`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mlx_lm")
+
+import mlx.core as mx  # noqa: E402
+import mlx.nn as nn  # noqa: E402
+from mlx.utils import tree_flatten  # noqa: E402
+from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
+
+import kernelfleet  # noqa: E402
+
+from .test_model_quant import (  # noqa: E402
+    LOGIT_TOL,
+    PROMPT,
+    batch_step,
+    build,
+    close,
+    greedy,
+    logits,
+    profile_for,
+)
+
+# nn.RoPE (rope_scaling absent) and mlx-lm's Llama3RoPE (Llama 3.1 and later)
+LLAMA = {"model_type": "llama", "hidden_size": 128, "num_hidden_layers": 2, "intermediate_size": 256,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 128,
+         "rope_theta": 500000.0, "tie_word_embeddings": False}
+LLAMA3 = {**LLAMA, "max_position_embeddings": 4096,
+          "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                           "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}
+KINDS = {"quantized decoder layer", "quantized attention projections", "quantized gated MLP",
+         "quantized linear"}
+
+
+def by_kind(report: Any) -> dict[str, list[Any]]:
+    found: dict[str, list[Any]] = {}
+    for m in report.modules:
+        if m.kind in KINDS:
+            found.setdefault(m.kind, []).append(m)
+    return found
+
+
+@pytest.mark.parametrize("bits, group", [(4, 32), (4, 64), (8, 128)])
+@pytest.mark.parametrize("config", [LLAMA, LLAMA3], ids=["rope", "llama3-rope"])
+def test_the_layer_is_one_block_and_keeps_the_logits(config: dict[str, Any], bits: int, group: int) -> None:
+    model = build(config, bits, group)
+    stock = logits(model, PROMPT)
+    report = kernelfleet.patch(model, profile=profile_for(config, bits, group))
+    kinds = by_kind(report)
+    # each layer one block; its attention, MLP and projections are not patched on their own
+    assert sorted(kinds) == ["quantized decoder layer", "quantized linear"], str(report)
+    layers, (head,) = kinds["quantized decoder layer"], kinds["quantized linear"]
+    assert [m.path for m in layers] == ["model.layers.0", "model.layers.1"] and head.path == "lm_head"
+    assert all(m.patched for m in layers)
+    m = len(PROMPT)
+    assert f"patched  quantized decoder layer (128 -> 128 + 64 + 64 | 128 -> 256 -> 128, {bits}-bit, " \
+           f"group {group}, float32) x2: profile: quantized_matmul: custom at M=1 q/k/v (qmv), M={m} q/k/v " \
+           f"(dq), M=1 o (qmv), M={m} o (dq), M=1 gate/up (qmv)" in str(report)
+    for a, b in zip(stock, logits(model, PROMPT), strict=True):
+        assert close(a, b) <= LOGIT_TOL
+    # the prefill and the decode step: four quantized matmuls with the profile's config each, the
+    # norms and the activation (untuned) the built-in
+    assert all(m.calls == {"custom": 8, "builtin": 6, "module": 0} for m in layers), [m.calls for m in layers]
+    kernelfleet.unpatch(model)
+    linears = [q for _, q in model.named_modules() if isinstance(q, nn.QuantizedLinear)]
+    assert linears and all(type(q) is nn.QuantizedLinear for q in linears)
+    assert all(close(a, b) <= LOGIT_TOL for a, b in zip(stock, logits(model, PROMPT), strict=True))
+
+
+def test_greedy_decoding_keeps_stocks_tokens() -> None:
+    """64 greedy steps: each a layer call at M=1, RoPE at a new offset through the same graph."""
+    model = build(LLAMA3, 4, 64)
+    tokens, margins = greedy(model, 64)
+    scale = mx.abs(model(mx.array([PROMPT]))).max().item()
+    report = kernelfleet.patch(model, profile=profile_for(LLAMA3, 4, 64))
+    got, _ = greedy(model, 64)
+    for step, (a, b, margin) in enumerate(zip(tokens, got, margins, strict=True)):
+        if margin <= LOGIT_TOL * scale:
+            break
+        assert a == b, (step, a, b, margin)
+    assert all(m.calls["custom"] == 4 * 65 for m in by_kind(report)["quantized decoder layer"])
+    kernelfleet.unpatch(model)
+
+
+def test_calls_without_a_cache_a_batch_and_a_prefill_without_entries() -> None:
+    """A forward without a KV cache (RoPE from position 0) takes the block; a decode batch of 3
+    sequences with no entry at M=3 runs the built-ins on x as (M, K) in the block; a profile with
+    entries at decode only leaves the prefill of one sequence to the layer's own code."""
+    model = build(LLAMA, 4, 64)
+    tokens = mx.array([PROMPT])
+    stock = model(tokens)
+    cache, step, stock_batch = batch_step(model)
+    report = kernelfleet.patch(model, profile=profile_for(LLAMA, 4, 64, prefill=()))
+    layers = by_kind(report)["quantized decoder layer"]
+    assert close(stock_batch, model(step, cache=cache)) <= LOGIT_TOL
+    assert all(m.calls == {"custom": 0, "builtin": 7, "module": 0} for m in layers)
+    assert close(stock, model(tokens)) <= LOGIT_TOL  # no cache, 7 tokens, one sequence: no entry
+    assert all(m.calls["module"] == 1 for m in layers)
+    cache = make_prompt_cache(model)
+    mx.eval(model(tokens, cache=cache))
+    mx.eval(model(mx.array([[3]]), cache=cache))  # one token: the profile's configs
+    assert all(m.calls == {"custom": 4, "builtin": 10, "module": 2} for m in layers)
+    one = model(mx.array([[PROMPT[0]]]))  # no cache, one token: the block, RoPE at offset 0
+    kernelfleet.unpatch(model)
+    assert close(model(mx.array([[PROMPT[0]]])), one) <= LOGIT_TOL
+    assert all(m.calls["custom"] == 8 for m in layers)
+
+
+def test_new_weights_after_patching_run_the_layers_own_code() -> None:
+    """``load_weights`` replaces the views the block joined: the layer runs its own code, with the new
+    weights."""
+    model = build(LLAMA, 4, 64)
+    report = kernelfleet.patch(model, profile=profile_for(LLAMA, 4, 64))
+    other = build(LLAMA, 4, 64, seed=11)
+    expected = logits(other, PROMPT)
+    model.load_weights(list(tree_flatten(other.parameters())))
+    got = logits(model, PROMPT)
+    assert all(close(a, b) <= LOGIT_TOL for a, b in zip(expected, got, strict=True))
+    layers = by_kind(report)["quantized decoder layer"]
+    assert all(m.calls == {"custom": 0, "builtin": 0, "module": 2} for m in layers)
+    kernelfleet.unpatch(model)
+
+
+def test_a_layer_the_block_does_not_take_keeps_the_projection_blocks() -> None:
+    """A RoPE the block does not run in its graph (dynamic NTK scaling): the attention and the MLP are
+    patched as their own blocks, as before the layer block."""
+    config = {**LLAMA, "max_position_embeddings": 4096, "rope_scaling": {"type": "dynamic", "factor": 2.0}}
+    model = build(config, 4, 64)
+    report = kernelfleet.patch(model, profile=profile_for(config, 4, 64))
+    kinds = by_kind(report)
+    assert "quantized decoder layer" not in kinds
+    assert len(kinds["quantized attention projections"]) == 2 and len(kinds["quantized gated MLP"]) == 2
+    kernelfleet.unpatch(model)
