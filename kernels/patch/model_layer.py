@@ -169,6 +169,7 @@ def quantized_decoder_layer(m: nn.Module) -> Site | None:
     if len({(t[2], t[3]) for t in tails}) > 1:
         formats = (f"{n} {t[2]}-bit group {t[3]}" for n, t in zip(NAMES, tails, strict=True))
         label += f" ({', '.join(formats)})"
+
     def rows_of(d: int) -> Any:
         return lambda s: len(s) == 2 and s[1] == d
     families = {KERNEL: member, act: rows_of(inter), **{kernel: rows_of(k) for kernel in NORMS}}

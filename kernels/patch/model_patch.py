@@ -41,7 +41,7 @@ from .model_quant import BLOCKS
 from .model_quant import PATTERNS as QUANTIZED_PATTERNS
 from .profile_view import DEFAULT_MIN_CONFIDENCE, ProfileView, load
 
-# blocks first: a block takes over the modules it holds (patterns a module matches are tried in this order)
+# blocks first: a block takes over the modules it holds (a module takes the first pattern that matches it)
 QUANTIZED_BLOCKS = (quantized_decoder_layer, *BLOCKS)
 
 ATTR = "_kernelfleet_patch"
@@ -170,20 +170,19 @@ def patch(model: nn.Module, profile: str | Path | dict[str, Any] | None = None, 
     report = PatchReport([], view.source, target.backend, dtype)
     consumed: set[int] = set()
     shared: dict[Any, Any] = {}  # compiled graphs shared by the patched modules
-    sites: list[tuple[str, nn.Module, list[Site]]] = []
+    sites: list[tuple[str, nn.Module, Site]] = []
     for path, module in model.named_modules():
-        found = [site for pattern in (*QUANTIZED_BLOCKS, *PATTERNS, *QUANTIZED_PATTERNS)
-                 if (site := pattern(module)) is not None]
-        if found:
-            sites.append((path, module, found))
+        for pattern in (*QUANTIZED_BLOCKS, *PATTERNS, *QUANTIZED_PATTERNS):
+            site = pattern(module)
+            if site is not None:
+                sites.append((path, module, site))
+                break
     # blocks before their children: named_modules lists children first, so order by path depth
     sites.sort(key=lambda t: t[0].count("."))
-    for path, module, found in sites:
+    for path, module, site in sites:
         if id(module) in consumed:
             continue
-        # the module's patterns in order (the widest first): the first the profile picks runs
-        decided = [(site, *_decide(site, view, dtype)) for site in found]
-        site, patched, reason = next((d for d in decided if d[1]), decided[0])
+        patched, reason = _decide(site, view, dtype)
         router = Router(view, gpu, shared=shared) if patched else None
         report.modules.append(ModuleReport(path or "<model>", site.kind, site.label, patched, reason, router))
         if router is None:

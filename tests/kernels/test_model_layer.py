@@ -17,6 +17,7 @@ from mlx.utils import tree_flatten  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
 import kernelfleet  # noqa: E402
+from kernelfleet.kernels.catalog import get_spec  # noqa: E402
 
 from .test_model_quant import (  # noqa: E402
     LOGIT_TOL,
@@ -138,4 +139,22 @@ def test_a_layer_the_block_does_not_take_keeps_the_projection_blocks() -> None:
     kinds = by_kind(report)
     assert "quantized decoder layer" not in kinds
     assert len(kinds["quantized attention projections"]) == 2 and len(kinds["quantized gated MLP"]) == 2
+    kernelfleet.unpatch(model)
+
+
+def test_a_layer_the_profile_leaves_to_its_other_patterns() -> None:
+    """The block matches but the profile picks none of its kernels, only RoPE: the block is kept, and
+    the layer's modules take their own patterns (RoPE the catalog's kernel, the projections MLX's op)."""
+    spec = get_spec("rope")
+    shapes = [(h, m, 32) for h in (4, 2) for m in (1, len(PROMPT))]  # q and k heads x positions x dims
+    entries = [{"kernel": "rope", "shape": "x".join(map(str, shape)), "dtype": "float32",
+                "config": spec.space(shape, "float32")[0]} for shape in shapes]
+    model = build(LLAMA, 4, 64)
+    stock = logits(model, PROMPT)
+    report = kernelfleet.patch(model, profile={"schema": "kernelfleet-profile/1", "chip": "test",
+                                               "entries": entries})
+    kinds = {m.path: (m.kind, m.patched) for m in report.modules}
+    assert kinds["model.layers.0"] == ("quantized decoder layer", False), str(report)
+    assert kinds["model.layers.0.self_attn.rope"] == ("rope", True), str(report)
+    assert all(close(a, b) <= LOGIT_TOL for a, b in zip(stock, logits(model, PROMPT), strict=True))
     kernelfleet.unpatch(model)
