@@ -4,9 +4,7 @@ process, enrolled with an enrollment token minted directly in the database."""
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -17,29 +15,12 @@ from kernelfleet.service.auth import digest
 from kernelfleet.service.client import wait_until_healthy
 from kernelfleet.service.enrollment import mint_enrollment_token
 from kernelfleet.service.models import Worker
+from kernelfleet.worker.child import worker_command, worker_env
 
 logger = logging.getLogger(__name__)
 
 STATE_DIR = "local-worker"
 TOKEN_FILE = "token"
-
-
-ENROLL_TOKEN_ENV = "KERNELFLEET_ENROLL_TOKEN"
-
-
-def worker_command(coordinator_url: str, state_dir: Path) -> list[str]:
-    """The agent's command line. It holds no secret: the enrollment token goes in the environment
-    (:func:`worker_env`), where ``ps`` does not show it to other users."""
-    # -P: the installed package, not a kernelfleet/ folder in the working directory (a clone's)
-    return [sys.executable, "-P", "-m", "kernelfleet.worker.cli", "worker", "--coordinator", coordinator_url,
-            "--state-dir", str(state_dir)]
-
-
-def worker_env(enroll_token: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != ENROLL_TOKEN_ENV}
-    if enroll_token is not None:
-        env[ENROLL_TOKEN_ENV] = enroll_token
-    return env
 
 
 class LocalWorker:
@@ -66,7 +47,7 @@ class LocalWorker:
         if not self._stored_token_known():
             with self.session_factory() as session:
                 enroll, _ = mint_enrollment_token(session, self.ttl_seconds)
-        cmd = worker_command(self.url, self.state_dir)
+        cmd = worker_command("--coordinator", self.url, "--state-dir", str(self.state_dir))
         logger.info("starting the local worker (state in %s)", self.state_dir)
         self.proc = subprocess.Popen(cmd, env=worker_env(enroll))
 

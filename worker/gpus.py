@@ -21,7 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-ENROLL_TOKEN_ENV = "KERNELFLEET_ENROLL_TOKEN"
+from .child import worker_command, worker_env
 
 
 class GpuSpecError(ValueError):
@@ -74,14 +74,9 @@ def run_per_gpu(gpus: Sequence[str], worker_args: Sequence[str], state_dir: Path
     procs: list[subprocess.Popen[bytes]] = []
     relays: list[threading.Thread] = []
     for gpu in gpus:
-        env = {k: v for k, v in os.environ.items() if k != ENROLL_TOKEN_ENV}
-        env["CUDA_VISIBLE_DEVICES"] = gpu
-        if enroll_token:
-            env[ENROLL_TOKEN_ENV] = enroll_token  # never on a command line, where `ps` shows it
+        env = {**worker_env(enroll_token), "CUDA_VISIBLE_DEVICES": gpu}
         state = state_dir / f"gpu{gpu}"
-        # -P: the installed package, not a kernelfleet/ folder in the working directory (a clone's)
-        cmd = [sys.executable, "-P", "-m", "kernelfleet.worker.cli", "worker", *worker_args,
-               "--state-dir", str(state), "--name", f"{name}-gpu{gpu}"]
+        cmd = worker_command(*worker_args, "--state-dir", str(state), "--name", f"{name}-gpu{gpu}")
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # our signals reach them through us, once
         procs.append(proc)

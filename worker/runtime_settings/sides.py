@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from kernelfleet.kernels.patch.paired import paired_speedup, verdict
 
+from ..child import module_command
 from .knobs import TABLE, TEST_ONLY_DTYPE, Setting
 
 STOCK, CONTROL = "stock", "stock again"
@@ -47,9 +47,7 @@ def key(setting: Setting) -> str:
 def run_step(request: dict[str, Any], setting: Setting, timeout: float) -> dict[str, Any]:
     """One fresh process measuring ``request`` (:mod:`.step`'s format) under ``setting``."""
     try:
-        # -P: not the working directory first on sys.path (a clone's kernelfleet/ folder would shadow
-        # the installed package)
-        r = subprocess.run([sys.executable, "-P", "-m", STEP_MODULE], input=json.dumps(request), text=True,
+        r = subprocess.run(module_command(STEP_MODULE), input=json.dumps(request), text=True,
                            capture_output=True, env=environment(setting), timeout=timeout)
     except subprocess.TimeoutExpired as e:
         raise StepError(f"step under [{key(setting) or 'defaults'}] ran past {timeout:.0f} s") from e
