@@ -28,7 +28,9 @@ Metal, 3 NVIDIA on CUDA; worker i is chip i mod 8), each result one of the real 
 fleet run (benchmarks/results/h100_fleet_tuning.jsonl, about 40 KB each) with its chip and the
 job's kernel, shape and dtype, and every job a new series (each campaign tunes new shapes).
 ``--readers N --reader-route /api/v1/profiles`` adds N unauthenticated readers beside the workers,
-each reading the route back to back. p99 is printed for each half of the window too, so that
+each reading the route back to back. ``--db-latency MS`` puts PostgreSQL that many milliseconds a round
+trip away from the coordinator (``latency_proxy.py``; the load generator's own setup and audit talk to it
+directly), as a managed database on another host would be. p99 is printed for each half of the window too, so that
 growth (stored data, a background build that grows with it) shows.
 """
 
@@ -91,6 +93,31 @@ def fresh_database(args: argparse.Namespace, workdir: Path) -> tuple[str, str | 
     with psycopg.connect(args.postgres, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     return args.postgres.rsplit("/", 1)[0] + "/" + name, name
+
+
+def start_latency_proxy(args: argparse.Namespace, url: str) -> tuple[subprocess.Popen[str], str]:
+    """``--db-latency``: a proxy (``latency_proxy.py``) adding that many ms to each round trip between
+    the coordinator and PostgreSQL, and the database URL through it."""
+    from sqlalchemy.engine import make_url
+
+    direct, port = make_url(url), free_port()
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "latency_proxy.py"), "--port", str(port),
+           "--to", f"{direct.host or '127.0.0.1'}:{direct.port or 5432}", "--ms", str(args.db_latency)]
+    proxy = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    assert proxy.stdout is not None
+    if not proxy.stdout.readline().startswith("listening"):
+        raise SystemExit("the latency proxy did not start")
+    proxied = direct.set(host="127.0.0.1", port=port).render_as_string(hide_password=False)
+    import psycopg
+
+    with psycopg.connect(proxied.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as conn:
+        trips = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            conn.execute("SELECT 1").fetchone()
+            trips.append(time.perf_counter() - t0)
+    args.db_trip_ms = 1e3 * statistics.median(trips)
+    return proxy, proxied
 
 
 def drop_database(args: argparse.Namespace, name: str | None) -> None:
@@ -423,7 +450,8 @@ async def run(args: argparse.Namespace) -> list[str]:
     subprocess.run([sys.executable, "-m", "kernelfleet.worker.cli", "db", "upgrade", "--database-url", url],
                    check=True, capture_output=True)
     admin = "adm-" + secrets.token_urlsafe(24)
-    servers = start_servers(args, url, admin, workdir)
+    proxy, served_url = start_latency_proxy(args, url) if args.db_latency else (None, url)
+    servers = start_servers(args, served_url, admin, workdir)
     if args.nginx:
         lb, lb_port = start_nginx([port for _, port in servers], workdir)
         servers.append((lb, lb_port))
@@ -491,13 +519,18 @@ async def run(args: argparse.Namespace) -> list[str]:
             os.killpg(proc.pid, signal.SIGTERM)
         for proc, _ in servers:
             proc.wait(timeout=30)
+        if proxy is not None:
+            proxy.terminate()
+            proxy.wait(timeout=10)
     s = fleet.stats
+    away = (f" {args.db_latency:g} ms a round trip away (latency_proxy.py; SELECT 1 through it: "
+            f"{args.db_trip_ms:.1f} ms)" if args.db_latency else "")
     out.append(f"{args.workers} workers, think {args.think[0]:g}-{args.think[1]:g} s, "
                f"lease {args.lease_seconds:g} s (heartbeat every {args.lease_seconds / 3:g} s), "
                f"long-poll {args.lease_wait:g} s, "
                f"{args.replicas} replica(s) x {args.server_workers} process(es), "
                f"{'through nginx' if args.nginx else 'direct'}, {args.connections} client connections, "
-               f"{'PostgreSQL' if args.postgres else 'SQLite'}; measured {wall:.0f} s")
+               f"{'PostgreSQL' if args.postgres else 'SQLite'}{away}; measured {wall:.0f} s")
     if args.scenario == "realistic":
         sizes = sorted(len(json.dumps(r)) for r in reports)
         out.append(f"scenario realistic: {len(FLEET_CHIPS)} chip kinds, {len(reports)} reports of "
@@ -564,8 +597,13 @@ def main() -> None:
     p.add_argument("--reader-route", default="/api/v1/profiles", help="what the readers read")
     p.add_argument("--profile", type=Path, help="sample the coordinator with py-spy (pip install py-spy) "
                                                 "during the measured window; raw folded stacks to this file")
+    p.add_argument("--db-latency", type=float, default=0.0, metavar="MS",
+                   help="PostgreSQL: put the database this many ms a round trip away from the coordinator "
+                        "(a proxy, benchmarks/latency_proxy.py)")
     p.add_argument("--out", type=Path, help="also write the summary to this file")
     args = p.parse_args()
+    if args.db_latency and not args.postgres:
+        p.error("--db-latency needs --postgres")
     lines = asyncio.run(run(args))
     text = "\n".join(lines)
     print(text)
