@@ -30,8 +30,8 @@ job's kernel, shape and dtype, and every job a new series (each campaign tunes n
 ``--readers N --reader-route /api/v1/profiles`` adds N unauthenticated readers beside the workers,
 each reading the route back to back. ``--db-latency MS`` puts PostgreSQL that many milliseconds a round
 trip away from the coordinator (``latency_proxy.py``; the load generator's own setup and audit talk to it
-directly), as a managed database on another host would be. p99 is printed for each half of the window too, so that
-growth (stored data, a background build that grows with it) shows.
+directly), as a managed database on another host would be. p99 is printed for each half of the window
+too, so that growth (stored data, a background build that grows with it) shows.
 """
 
 from __future__ import annotations
