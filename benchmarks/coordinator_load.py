@@ -95,9 +95,9 @@ def fresh_database(args: argparse.Namespace, workdir: Path) -> tuple[str, str | 
     return args.postgres.rsplit("/", 1)[0] + "/" + name, name
 
 
-def start_latency_proxy(args: argparse.Namespace, url: str) -> tuple[subprocess.Popen[str], str]:
+def start_latency_proxy(args: argparse.Namespace, url: str) -> tuple[subprocess.Popen[str], str, float]:
     """``--db-latency``: a proxy (``latency_proxy.py``) adding that many ms to each round trip between
-    the coordinator and PostgreSQL, and the database URL through it."""
+    the coordinator and PostgreSQL, the database URL through it, and a SELECT 1's ms through it."""
     from sqlalchemy.engine import make_url
 
     direct, port = make_url(url), free_port()
@@ -116,8 +116,7 @@ def start_latency_proxy(args: argparse.Namespace, url: str) -> tuple[subprocess.
             t0 = time.perf_counter()
             conn.execute("SELECT 1").fetchone()
             trips.append(time.perf_counter() - t0)
-    args.db_trip_ms = 1e3 * statistics.median(trips)
-    return proxy, proxied
+    return proxy, proxied, 1e3 * statistics.median(trips)
 
 
 def drop_database(args: argparse.Namespace, name: str | None) -> None:
@@ -450,7 +449,7 @@ async def run(args: argparse.Namespace) -> list[str]:
     subprocess.run([sys.executable, "-m", "kernelfleet.worker.cli", "db", "upgrade", "--database-url", url],
                    check=True, capture_output=True)
     admin = "adm-" + secrets.token_urlsafe(24)
-    proxy, served_url = start_latency_proxy(args, url) if args.db_latency else (None, url)
+    proxy, served_url, trip_ms = start_latency_proxy(args, url) if args.db_latency else (None, url, 0.0)
     servers = start_servers(args, served_url, admin, workdir)
     if args.nginx:
         lb, lb_port = start_nginx([port for _, port in servers], workdir)
@@ -524,7 +523,7 @@ async def run(args: argparse.Namespace) -> list[str]:
             proxy.wait(timeout=10)
     s = fleet.stats
     away = (f" {args.db_latency:g} ms a round trip away (latency_proxy.py; SELECT 1 through it: "
-            f"{args.db_trip_ms:.1f} ms)" if args.db_latency else "")
+            f"{trip_ms:.1f} ms)" if args.db_latency else "")
     out.append(f"{args.workers} workers, think {args.think[0]:g}-{args.think[1]:g} s, "
                f"lease {args.lease_seconds:g} s (heartbeat every {args.lease_seconds / 3:g} s), "
                f"long-poll {args.lease_wait:g} s, "

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 from kernelfleet.worker.agent import Agent, AgentConfig, JobOutcome, speedup
+from kernelfleet.worker.child import ENROLL_TOKEN_ENV
 from kernelfleet.worker.client import Lease
 from kernelfleet.worker.enrollment import AgentError
 from kernelfleet.worker.plural import plural
@@ -84,7 +85,7 @@ def worker(
     coordinator: Annotated[str, typer.Option("--coordinator", envvar="KERNELFLEET_COORDINATOR",
                                              help="The coordinator's URL, e.g. http://10.0.0.5:8600")],
     enroll_token: Annotated[str | None, typer.Option(
-        "--enroll-token", envvar="KERNELFLEET_ENROLL_TOKEN",
+        "--enroll-token", envvar=ENROLL_TOKEN_ENV,
         help="One-time enrollment token (`kernelfleet admin enroll-token`); needed on the first run only"),
     ] = None,
     max_jobs: Annotated[int | None, typer.Option("--max-jobs", min=1, help="Exit after this many jobs")

@@ -43,6 +43,7 @@ from .model_quant import (
     describe,
     gated_mlp_format,
     joined_format,
+    split_heads,
 )
 
 # mlx-lm's llama TransformerBlock.__call__ (mlx-lm 0.32), the computation this block replaces
@@ -190,10 +191,7 @@ def _graphs(runners: tuple[Any, ...], shape: tuple[int, ...], dims: tuple[int, i
     def pre(x: mx.array, offset: mx.array, norm: mx.array, w: mx.array, s: mx.array, bi: mx.array,
             *freqs: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         h = norm_run([x.reshape(rows, k), norm])[0]
-        qkv = qkv_run([h, w, s, bi])[0].reshape(b, length, heads + 2 * kv_heads, hd)
-        q = qkv[:, :, :heads].transpose(0, 2, 1, 3)
-        keys = qkv[:, :, heads:heads + kv_heads].transpose(0, 2, 1, 3)
-        values = qkv[:, :, heads + kv_heads:].transpose(0, 2, 1, 3)
+        q, keys, values = split_heads(qkv_run([h, w, s, bi])[0], b, length, heads, kv_heads, hd)
         f = freqs[0] if freqs else None
         q, keys = (mx.fast.rope(t, rope_dims, traditional=traditional, base=base, scale=scale, offset=offset,
                                 freqs=f) for t in (q, keys))

@@ -3,7 +3,8 @@ routing and quantized linear layers through the catalog kernels this chip's prof
 ``kernelfleet.unpatch(model)``.
 
 Walks the model as ``zmlx.patch`` does and matches the patterns of
-:mod:`kernelfleet.kernels.patch.model_patterns` and :mod:`kernelfleet.kernels.patch.model_quant`. For each
+:mod:`kernelfleet.kernels.patch.model_patterns`, :mod:`kernelfleet.kernels.patch.model_quant` and
+:mod:`kernelfleet.kernels.patch.model_layer`. For each
 match the profile decides, per kernel and model dimension (e.g. rmsnorm ``rows x 4096`` in bfloat16,
 any token count):
 

@@ -448,6 +448,15 @@ def attention_format(m: nn.Module) -> tuple[int, tuple[int, ...], int, int, int,
     return k, ns, bits, group, heads, kv_heads, hd
 
 
+def split_heads(qkv: mx.array, b: int, length: int, heads: int, kv_heads: int, hd: int
+                ) -> tuple[mx.array, mx.array, mx.array]:
+    """Joined q/k/v rows (``b * length`` x their N) as mlx-lm's attention hands them on: queries, keys and
+    values of ``(b, heads, length, hd)``."""
+    t = qkv.reshape(b, length, heads + 2 * kv_heads, hd)
+    return (t[:, :, :heads].transpose(0, 2, 1, 3), t[:, :, heads:heads + kv_heads].transpose(0, 2, 1, 3),
+            t[:, :, heads + kv_heads:].transpose(0, 2, 1, 3))
+
+
 def quantized_attention(m: nn.Module) -> Site | None:
     """mlx-lm's llama ``Attention`` (Llama, Mistral) whose q, k and v projections are bias-free
     ``QuantizedLinear`` layers of one format: q, k and v run as one ``quantized_matmul`` over their
@@ -479,10 +488,8 @@ def quantized_attention(m: nn.Module) -> Site | None:
 
         def heads_of(x: mx.array, w: mx.array, s: mx.array, bi: mx.array
                      ) -> tuple[mx.array, mx.array, mx.array]:
-            qkv = runner([x.reshape(b * length, k), w, s, bi])[0].reshape(b, length, heads + 2 * kv_heads, hd)
-            return (qkv[:, :, :heads].transpose(0, 2, 1, 3),
-                    qkv[:, :, heads:heads + kv_heads].transpose(0, 2, 1, 3),
-                    qkv[:, :, heads + kv_heads:].transpose(0, 2, 1, 3))
+            qkv = runner([x.reshape(b * length, k), w, s, bi])[0]
+            return split_heads(qkv, b, length, heads, kv_heads, hd)
         graph = router.graph((runner, shape, heads, kv_heads), lambda: mx.compile(heads_of))
         qkv = joined[0]
 
