@@ -29,7 +29,8 @@ Three paths, a config axis (``path``), so the profile picks per exact shape, M i
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import mlx.core as mx
 
@@ -37,7 +38,7 @@ from ..common import DTYPES, ITEMSIZE, ceil_div, mx_dtype, need_rank, normal
 from ..render.dialect import source_version
 from ..render.launch import KernelSource, Launch, run
 from ..spec import BUILTIN, BadShape, Config, GpuBackend, KernelBuildError, KernelFn, KernelSpec, Shape
-from . import affine, elementwise, quantized_mma
+from . import affine, elementwise, quantized_mma, swiglu_kernel
 
 QMV_BODY = r"""
   constexpr int PER = 32 / BITS;
@@ -71,7 +72,7 @@ QMV_BODY = r"""
 #pragma unroll
         for (int r = 0; r < RPW; ++r) {
           if (s0 + u < STEPS && w0 < KF_SIZE(WPR)) {
-            q[u][r] = kf_vload<VW>(wq, ((n0 + r) * WPR + w0) / VW);
+            q[u][r] = kf_vload<VW>(wq, (${ROW} * WPR + w0) / VW);
           }
         }
       }
@@ -99,8 +100,8 @@ QMV_BODY = r"""
           }
 #pragma unroll
           for (int r = 0; r < RPW; ++r) {
-            const float sc = float(scales[(n0 + r) * (K / GS) + g]);
-            const float bi = float(biases[(n0 + r) * (K / GS) + g]);
+            const float sc = float(scales[${ROW} * (K / GS) + g]);
+            const float bi = float(biases[${ROW} * (K / GS) + g]);
             float dot[MR];
 #pragma unroll
             for (int m = 0; m < MR; ++m) {
@@ -133,9 +134,10 @@ QMV_BODY = r"""
 #pragma unroll
       for (int r = 0; r < RPW; ++r) {
         const float v = kf_warp_sum(acc[m][r]);
+        acc[m][r] = v;
         if (KF_LANE == 0) {
           if (KS == 1) {
-            out[KF_SIZE(m) * N + n0 + r] = T(v);
+${STORE}
           } else {
             part[KF_WARP * OUTS + m * RPW + r] = v;
           }
@@ -146,21 +148,71 @@ QMV_BODY = r"""
   if (KS > 1) {
     KF_BARRIER;
     if (kw == 0 && n0 < KF_SIZE(N)) {
-      for (int t = KF_LANE; t < OUTS; t += 32) {
+      // PAIR 2 (the gated epilogue): a lane takes an up row r and its gate row r - RPW / 2
+      for (int t = KF_LANE; t < OUTS / ${PAIR}; t += 32) {
+        const int m = t / (RPW / ${PAIR});
+        const int r = t % (RPW / ${PAIR}) + (${PAIR} - 1) * (RPW / 2);
         float v = 0.0f;
+        float gate = 0.0f;
 #pragma unroll
         for (int j = 0; j < KS; ++j) {
-          v += part[(KF_WARP + j) * OUTS + t];
+          v += part[(KF_WARP + j) * OUTS + m * RPW + r];
+          if (${PAIR} == 2) {
+            gate += part[(KF_WARP + j) * OUTS + m * RPW + r - RPW / 2];
+          }
         }
-        out[KF_SIZE(t / RPW) * N + n0 + t % RPW] = T(v);
+${STOREK}
       }
     }
   }
 """
 
-QMV = KernelSource("qmv", QMV_BODY, ("x", "wq", "scales", "biases"), ("out",))
+# qmv's stores, one per epilogue (``${STORE}`` where a warp holds whole sums, in lane 0; ``${STOREK}`` where
+# qmv_split's warps met in shared memory): output ``m``, weight row ``n0 + r``, its sum ``v``
+_PLAIN = "            out[KF_SIZE(m) * N + n0 + r] = T(v);"
+# the residual add as MLX's ``y + res`` computes it: y rounded to T first
+_RESIDUAL = """            {
+              const KF_SIZE i = KF_SIZE(m) * N + n0 + r;
+              out[i] = T(float(T(v)) + float(res[i]));
+            }"""
+# q, k and v of one position, each (M, heads * head_dim): (batch, heads, 1, head_dim) in memory
+_HEADS = """            {
+              const KF_SIZE c = n0 + r;
+              if (c < KF_SIZE(NQ)) {
+                oq[KF_SIZE(m) * NQ + c] = T(v);
+              } else if (c < KF_SIZE(NQ + NKV)) {
+                ok[KF_SIZE(m) * NKV + (c - NQ)] = T(v);
+              } else {
+                ov[KF_SIZE(m) * NKV + (c - NQ - NKV)] = T(v);
+              }
+            }"""
+# silu(gate) * up as the swiglu kernel computes it (both rounded to T first): a warp's rows are gate rows
+# n0 / 2 .. n0 / 2 + RPW / 2 - 1 and the up rows N / 2 further on (``${ROW}``), so it holds both of a pair
+_GLU_OUT = """              const float gb = float(T(gate));
+              const float act = gb / (1.0f + KF_EXP(-gb)) * float(T(v));
+              out[KF_SIZE(m) * (N / 2) + n0 / 2 + (r - RPW / 2)] = T(act);"""
+_GLU = ("            if (r >= RPW / 2) {\n              const float gate = acc[m][(r + RPW / 2) % RPW];\n"
+        + _GLU_OUT + "\n            }")
+_GLU_ROW = "(r < RPW / 2 ? n0 / 2 + r : KF_SIZE(N / 2) + n0 / 2 + (r - RPW / 2))"
+
+
+def _qmv_source(name: str, store: str, inputs: tuple[str, ...] = (), outputs: tuple[str, ...] = ("out",),
+                row: str = "(n0 + r)", pair: int = 1, store_k: str | None = None) -> KernelSource:
+    values = (("ROW", row), ("PAIR", str(pair)), ("STORE", store),
+              ("STOREK", store if store_k is None else store_k))
+    return KernelSource(name, QMV_BODY, ("x", "wq", "scales", "biases", *inputs), outputs, values)
+
+
+QMV = _qmv_source("qmv", _PLAIN)
+# the epilogues a caller asks for with make's parameters (one launch, no MLX ops after it)
+QMV_RESIDUAL = _qmv_source("qmv_residual", _RESIDUAL, inputs=("res",))
+QMV_HEADS = _qmv_source("qmv_heads", _HEADS, outputs=("oq", "ok", "ov"))
+QMV_SWIGLU = _qmv_source("qmv_swiglu", _GLU, row=_GLU_ROW, pair=2, store_k="            {\n" + _GLU_OUT
+                         + "\n            }")
 
 QMV_MAX_M = 8
+# the gated activations an epilogue computes: name -> its built-in on (gate, up)
+GLUS: dict[str, Callable[[Sequence[mx.array]], Sequence[mx.array]]] = {"swiglu": swiglu_kernel.builtin}
 RPWS = (1, 2, 4, 8)
 VWS = (1, 2, 4)
 QMV_TGS = (64, 128)
@@ -255,7 +307,85 @@ def prior(shape: Shape, dtype: str, config: Config) -> float:
     return rank + sum(abs(math.log2(int(config[k]) / v)) for k, v in typical.items() if k in config)
 
 
-def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str) -> KernelFn:
+def _check_epilogue(shape: Shape, heads: tuple[int, ...], glu: str, residual: bool) -> int:
+    """How many epilogues the parameters ask for (0 or 1), after checking them against ``shape``."""
+    m, k, n = shape[:3]
+    if heads and (len(heads) != 4 or heads[0] != m or (heads[1] + 2 * heads[2]) * heads[3] != n):
+        raise BadShape(f"quantized_matmul: heads (batch, q heads, kv heads, head dim) = {heads} does not "
+                       f"split {m} rows of {n} outputs")
+    if glu and (glu not in GLUS or n % 2):
+        raise BadShape(f"quantized_matmul: glu {glu!r} takes one of {sorted(GLUS)} over an even N")
+    asked = bool(heads) + bool(glu) + bool(residual)
+    if asked > 1:
+        raise BadShape("quantized_matmul: one epilogue at a time (heads, glu or residual)")
+    return asked
+
+
+def epilogue(y: mx.array, rest: Sequence[mx.array], heads: tuple[int, ...] = (), glu: str = "",
+             residual: bool = False) -> list[mx.array]:
+    """The epilogue a caller asked for, in MLX's ops on the matmul's output ``y`` (M, N): the built-in,
+    and the paths without it in the kernel. ``heads``: q, k and v of one position (the batch's M rows),
+    each ``(batch, heads, 1, head_dim)``; ``glu``: the gated activation of ``y``'s two halves (the
+    activation kernel's built-in); ``residual``: ``y + rest[0]``."""
+    if heads:
+        b, hq, hkv, hd = heads
+        parts = mx.split(y, [hq * hd, (hq + hkv) * hd], axis=-1)
+        return [t.reshape(b, h, 1, hd) for t, h in zip(parts, (hq, hkv, hkv), strict=True)]
+    if glu:
+        half = int(y.shape[-1]) // 2
+        return list(GLUS[glu]([y[:, :half], y[:, half:]]))
+    if residual:
+        return [y + rest[0]]
+    return [y]
+
+
+def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str, heads: tuple[int, ...] = (),
+         glu: str = "", residual: bool = False) -> KernelFn:
+    """The kernel for ``config``; with an epilogue (:func:`epilogue`'s parameters), qmv and qmv_split write
+    its result from the launch itself (the gated one at ``rpw`` >= 2), the other paths run it in MLX's ops
+    after the matmul. A residual is one more input, after the matmul's four."""
+    m, k, n, bits, group = shape
+    fused = _check_epilogue(shape, heads, glu, residual)
+    plain = _make(config, backend, shape, dtype)
+    native = config["path"] in ("qmv", "qmv_split") and not (glu and int(config["rpw"]) < 2)
+    if not fused:
+        return plain
+    if not native:
+        def then(inputs: Sequence[mx.array]) -> list[mx.array]:
+            return epilogue(plain(inputs[:4])[0], inputs[4:], heads, glu, residual)
+        return then
+    launch = _qmv_launch(config, shape, dtype, heads)
+    out_dtype = mx_dtype(dtype)
+    shapes: list[tuple[int, ...]]
+    if heads:
+        b, hq, hkv, hd = heads
+        shapes = [(b, hq, 1, hd), (b, hkv, 1, hd), (b, hkv, 1, hd)]
+        src = QMV_HEADS
+    else:
+        shapes = [(m, n // 2)] if glu else [(m, n)]
+        src = QMV_SWIGLU if glu else QMV_RESIDUAL
+
+    def qmv_epilogue(inputs: Sequence[mx.array]) -> list[mx.array]:
+        return run(src, backend, inputs, launch, shapes, [out_dtype] * len(shapes))
+
+    return qmv_epilogue
+
+
+def _qmv_launch(config: Config, shape: Shape, dtype: str, heads: tuple[int, ...] = ()) -> Launch:
+    m, k, n, bits, group = shape
+    rpw, vw, tg, unr = int(config["rpw"]), int(config["vw"]), int(config["tg"]), int(config["unr"])
+    # warps sharing a row group's steps: qmv_split's whole block, qmv's one warp
+    ks = tg // 32 if config["path"] == "qmv_split" else 1
+    groups = max(1, ceil_div(n // rpw, tg // 32 // ks))
+    template: tuple[tuple[str, Any], ...] = (
+        ("T", mx_dtype(dtype)), ("K", k), ("N", n), ("BITS", bits), ("GS", group), ("MR", m), ("RPW", rpw),
+        ("VW", vw), ("TG", tg), ("UNR", unr), ("KS", ks))
+    if heads:
+        template += (("NQ", heads[1] * heads[3]), ("NKV", heads[2] * heads[3]))
+    return Launch((groups * tg, 1, 1), (tg, 1, 1), template)
+
+
+def _make(config: Config, backend: GpuBackend, shape: Shape, dtype: str) -> KernelFn:
     m, k, n, bits, group = shape
     if config["path"] == "dq":
         dq = {"tg": int(config["tg"]), "vec": int(config["vw"]), "ipt": 1}
@@ -276,13 +406,7 @@ def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str) -> Kerne
             return run(quantized_mma.SOURCE, backend, inputs, mma_launch, [(m, n)], [out_dtype])
 
         return mma
-    rpw, vw, tg, unr = int(config["rpw"]), int(config["vw"]), int(config["tg"]), int(config["unr"])
-    # warps sharing a row group's steps: qmv_split's whole block, qmv's one warp
-    ks = tg // 32 if config["path"] == "qmv_split" else 1
-    groups = max(1, ceil_div(n // rpw, tg // 32 // ks))
-    template = (("T", mx_dtype(dtype)), ("K", k), ("N", n), ("BITS", bits), ("GS", group), ("MR", m),
-                ("RPW", rpw), ("VW", vw), ("TG", tg), ("UNR", unr), ("KS", ks))
-    launch = Launch((groups * tg, 1, 1), (tg, 1, 1), template)
+    launch = _qmv_launch(config, shape, dtype)
 
     def qmv(inputs: Sequence[mx.array]) -> list[mx.array]:
         return run(QMV, backend, inputs, launch, [(m, n)], [out_dtype])
@@ -299,12 +423,14 @@ def reference(inputs: Sequence[mx.array]) -> list[mx.array]:
     return [mx.matmul(x.astype(mx.float32), w.T)]
 
 
-def builtin(inputs: Sequence[mx.array]) -> list[mx.array]:
-    x, wq, sc, bi = inputs
+def builtin(inputs: Sequence[mx.array], heads: tuple[int, ...] = (), glu: str = "",
+            residual: bool = False) -> list[mx.array]:
+    x, wq, sc, bi = inputs[:4]
     k = int(x.shape[-1])
     bits = 32 * int(wq.shape[-1]) // k
     group = k // int(sc.shape[-1])
-    return [mx.quantized_matmul(x, wq, sc, bi, transpose=True, group_size=group, bits=bits)]
+    y = mx.quantized_matmul(x, wq, sc, bi, transpose=True, group_size=group, bits=bits)
+    return epilogue(y, inputs[4:], heads, glu, residual)
 
 
 def make_inputs(shape: Shape, dtype: str, seed: int) -> list[mx.array]:

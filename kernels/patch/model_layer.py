@@ -28,6 +28,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..catalog import quantized_matmul_kernel
 from ..common import prod
 from ..render.launch import interceptor
 from ..spec import Shape
@@ -126,9 +127,12 @@ def quantized_decoder_layer(m: nn.Module) -> Site | None:
         if not calls or (not router.picks(*((kernel, s, dt) for kernel, s in calls)) and shape[0] <= 1):
             return None  # one sequence and no custom config: mlx-lm's own code, MLX's ops
         params = {kernel: {"eps": e} for kernel, e in zip(NORMS, eps, strict=True)}
-        resolved = [router.resolved(kernel, s, dt, params.get(kernel, {})) for kernel, s in calls]
-        counters = [counter for counter, _ in resolved]
-        runners = tuple(runner for _, runner in resolved)
+        epilogues = _epilogues(router, calls, shape, dt, (heads, kv_heads, hd), act)
+        resolved = [None if epilogue is None else
+                    router.resolved(kernel, s, dt, params.get(kernel, {}), epilogue)
+                    for (kernel, s), epilogue in zip(calls, epilogues, strict=True)]
+        counters = [got[0] for got in resolved if got is not None]
+        runners = tuple(None if got is None else got[1] for got in resolved)
         dims, rope_key = (heads, kv_heads, hd, inter), (rope_dims, rope_traditional, rope_base, rope_scale)
         pre, post = _graphs(runners, shape, dims, rope_key)
         key = (runners, shape, dims, eps, rope_key)
@@ -178,20 +182,42 @@ def quantized_decoder_layer(m: nn.Module) -> Site | None:
                 label, plan, None, bind=bind, describe=named, consumes=CONSUMES, prepare=prepare)
 
 
+def _epilogues(router: Router, calls: list[tuple[str, Shape]], shape: tuple[int, ...], dt: Any,
+               heads: tuple[int, int, int], act: str) -> list[dict[str, Any] | None]:
+    """Per call of the plan, what its quantized matmul writes after its own result (``quantized_matmul``'s
+    epilogues: MLX's ops after the matmul where its config has no such store), None for the activation
+    where gate/up's launch computes it. At one position per sequence q/k/v leave the matmul as attention's
+    (batch, heads, 1, head dim); gate/up computes the activation where its config holds both rows of a pair
+    (qmv, qmv_split at 2 or more rows a warp); down adds the residual. Every MLX primitive a decode step
+    leaves out is host time it does not pay."""
+    qkv_call, gate_up_call = calls[1], calls[4]
+    gate_up = router.choice(gate_up_call[0], gate_up_call[1], dt)
+    fused_act = act in quantized_matmul_kernel.GLUS and gate_up is not None \
+        and gate_up["path"] in ("qmv", "qmv_split") and int(gate_up["rpw"]) >= 2
+    one = shape[1] == 1 and qkv_call[1][0] == shape[0]
+    return [{}, {"heads": (shape[0], *heads)} if one else {}, {}, {}, {"glu": act} if fused_act else {},
+            None if fused_act else {}, {"residual": True}]
+
+
 def _graphs(runners: tuple[Any, ...], shape: tuple[int, ...], dims: tuple[int, int, int, int],
             rope: tuple[Any, ...]) -> tuple[Any, Any]:
     """The layer's two graphs on ``x`` of ``shape`` (batch, L, K) through ``runners`` (in the order of the
-    block's plan), to be ``mx.compile``d."""
+    block's plan, with :func:`_epilogues`' parameters; no activation runner where gate/up computes it), to be
+    ``mx.compile``d."""
     norm_run, qkv_run, o_run, add_norm_run, gate_up_run, act_run, down_run = runners
     heads, kv_heads, hd, inter = dims
     b, length, k = shape
     rows = b * length
+    one = length == 1  # q/k/v come out of their matmul as attention holds them
     rope_dims, traditional, base, scale = rope
 
     def pre(x: mx.array, offset: mx.array, norm: mx.array, w: mx.array, s: mx.array, bi: mx.array,
             *freqs: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         h = norm_run([x.reshape(rows, k), norm])[0]
-        q, keys, values = split_heads(qkv_run([h, w, s, bi])[0], b, length, heads, kv_heads, hd)
+        if one:
+            q, keys, values = qkv_run([h, w, s, bi])
+        else:
+            q, keys, values = split_heads(qkv_run([h, w, s, bi])[0], b, length, heads, kv_heads, hd)
         f = freqs[0] if freqs else None
         q, keys = (mx.fast.rope(t, rope_dims, traditional=traditional, base=base, scale=scale, offset=offset,
                                 freqs=f) for t in (q, keys))
@@ -199,10 +225,14 @@ def _graphs(runners: tuple[Any, ...], shape: tuple[int, ...], dims: tuple[int, i
 
     def post(x: mx.array, attn: mx.array, ow: mx.array, os_: mx.array, ob: mx.array, norm: mx.array,
              gw: mx.array, gs: mx.array, gb: mx.array, dw: mx.array, ds: mx.array, db: mx.array) -> mx.array:
-        a = attn.transpose(0, 2, 1, 3).reshape(rows, heads * hd)
+        # (batch, heads, L, head dim) -> (rows, heads * head dim); at one position a reshape alone
+        a = (attn if one else attn.transpose(0, 2, 1, 3)).reshape(rows, heads * hd)
         normed, h = add_norm_run([x.reshape(rows, k), o_run([a, ow, os_, ob])[0], norm])
-        gu = gate_up_run([normed, gw, gs, gb])[0]
-        mid = act_run([gu[:, :inter], gu[:, inter:]])[0]
-        out: mx.array = (h + down_run([mid, dw, ds, db])[0]).reshape(b, length, k)
+        if act_run is None:
+            mid = gate_up_run([normed, gw, gs, gb])[0]
+        else:
+            gu = gate_up_run([normed, gw, gs, gb])[0]
+            mid = act_run([gu[:, :inter], gu[:, inter:]])[0]
+        out: mx.array = down_run([mid, dw, ds, db, h])[0].reshape(b, length, k)
         return out
     return pre, post

@@ -100,18 +100,27 @@ class Router:
         self._module[0] += 1
         return orig(module, *args, **kwargs)
 
-    def resolved(self, kernel: str, shape: Shape, dt: Any, params: dict[str, Any]
-                 ) -> tuple[list[int], runtime.Runner]:
+    def choice(self, kernel: str, shape: Shape, dt: Any) -> Config | None:
+        """The config a call of ``kernel`` at ``shape`` runs: the profile's, None where it runs the built-in
+        (no pick, or no custom kernels here)."""
+        config = self._choice(kernel, shape, dt)[1]
+        return config if self.gpu else None
+
+    def resolved(self, kernel: str, shape: Shape, dt: Any, params: dict[str, Any],
+                 epilogue: dict[str, Any] | None = None) -> tuple[list[int], runtime.Runner]:
         """(the call counter, what runs) for one kernel call, resolved on the first call per (kernel,
-        shape, dtype, parameter values) and kept. The caller adds 1 to ``counter[0]`` per run."""
-        memo_key = (kernel, shape, dt, *params.values())
+        shape, dtype, parameter values) and kept. The caller adds 1 to ``counter[0]`` per run.
+        ``epilogue``: parameters of this launch only (what the kernel writes after its own result, e.g.
+        quantized_matmul's), not recorded in :attr:`params`, which price the kernel alone."""
+        extra = epilogue or {}
+        memo_key = (kernel, shape, dt, *params.values(), *extra.items())
         hit = self._runners.get(memo_key)
         if hit is None:
             key, config = self._choice(kernel, shape, dt)
             if config is not None:
                 self._custom_keys.add(key)
             run = config if config is not None and self.gpu else BUILTIN
-            runner = runtime.resolve(kernel, shape, key[2], run, params)
+            runner = runtime.resolve(kernel, shape, key[2], run, {**params, **extra})
             hit = self._runners[memo_key] = (self._tally.setdefault(key, [0]), runner)
             self.params.setdefault(key, params)
         return hit

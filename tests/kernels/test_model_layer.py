@@ -158,3 +158,54 @@ def test_a_layer_the_profile_leaves_to_its_other_patterns() -> None:
     assert kinds["model.layers.0.self_attn.rope"] == ("rope", True), str(report)
     assert all(close(a, b) <= LOGIT_TOL for a, b in zip(stock, logits(model, PROMPT), strict=True))
     kernelfleet.unpatch(model)
+
+
+def _decode_profile(config: dict[str, Any], bits: int, group: int) -> dict[str, Any]:
+    """qmv at 2 rows a warp for every quantized matmul at one token (so gate/up holds both rows of a pair)."""
+    profile = profile_for(config, bits, group)
+    for entry in profile["entries"]:
+        if entry["config"]["path"] == "qmv":
+            entry["config"] = {**entry["config"], "rpw": 2}
+    return profile
+
+
+def test_a_decode_step_with_custom_kernels_writes_the_epilogues(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With custom kernels (the Metal emulator as the GPU), a decode step's layer launches four quantized
+    matmuls and nothing between them but MLX's norms, RoPE and attention: q/k/v leave theirs in attention's
+    layout, gate/up's computes the activation, down's adds the residual. The logits stay the stock model's."""
+    from kernelfleet.kernels.patch import runtime
+    from kernelfleet.kernels.render.launch import capture, intercept
+    from kernelfleet.kernels.testing.metal_emu import Emulator
+    from kernelfleet.worker.backends.metal_emu import MetalEmuBackend
+
+    emu = MetalEmuBackend(Emulator(seed=0))
+    if not emu.available():
+        pytest.skip("the Metal emulator needs clang++")
+    model = build(LLAMA, 4, 32)
+    cache = make_prompt_cache(model)
+    model(mx.array([PROMPT]), cache=cache)
+    mx.eval([c.state for c in cache])
+    stock = model(mx.array([[11]]), cache=cache)
+    mx.eval(stock)
+    for c in cache:  # the step again, at the same position
+        c.offset -= 1
+    monkeypatch.setattr(runtime, "target", lambda: runtime.Target("Apple M3 Max", "metal"))
+    runtime.clear_caches()
+    kernelfleet.patch(model, profile=_decode_profile(LLAMA, 4, 32))
+    try:
+        with capture() as launches:
+            model(mx.array([[11]]), cache=cache)
+        for c in cache:
+            c.offset -= 1
+        kinds = [r.rendered.name.split("_")[1] for r in launches]
+        layer = ["qmv", "qmv", "qmv", "qmv"]  # q/k/v heads, o, gate/up + activation, down + residual
+        assert [r.rendered.name.rsplit("_", 1)[0] for r in launches[:4]] == \
+            ["kf_qmv_heads", "kf_qmv", "kf_qmv_swiglu", "kf_qmv_residual"], kinds
+        assert kinds == layer * 2 + ["qmv"], kinds  # two layers, then the LM head
+        with intercept(emu.launch):
+            patched = model(mx.array([[11]]), cache=cache)
+            mx.eval(patched)
+    finally:
+        kernelfleet.unpatch(model)
+        runtime.clear_caches()
+    assert close(stock, patched) <= LOGIT_TOL
