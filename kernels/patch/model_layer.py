@@ -12,6 +12,11 @@ layer in two ``mx.compile``d graphs per input shape, around the KV cache and att
 - ``post``: ``o_proj``, the residual add, the post-attention RMSNorm, gate/up joined, the activation,
   ``down_proj`` and the second residual add.
 
+At decode (one position per sequence) the quantized matmuls take ``quantized_matmul``'s epilogues
+(:func:`_epilogues`): q/k/v come out in attention's layout, gate/up computes the activation where its
+config holds row pairs, down adds the residual; each a primitive MLX does not build, host time a step
+does not pay.
+
 Each kernel (the input ``rmsnorm``, the quantized matmuls, ``add_rmsnorm`` for the residual add and the
 post-attention norm, the activation) runs the profile's config at the call's M, the catalog's built-in
 where it has none (MLX's ``mx.fast.rms_norm`` for the norms, as the layer's own ``nn.RMSNorm``); RoPE
