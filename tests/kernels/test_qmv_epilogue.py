@@ -12,7 +12,9 @@ from kernelfleet.kernels.catalog import quantized_matmul_kernel as qmm
 from kernelfleet.kernels.common import normal
 from kernelfleet.kernels.render.launch import capture, intercept
 from kernelfleet.kernels.spec import BadShape
+from kernelfleet.kernels.testing import compile_strict, metal_kernel
 from kernelfleet.kernels.testing.metal_emu import Emulator
+from kernelfleet.kernels.testing.msl_clang import clang_path
 from kernelfleet.worker.backends.metal_emu import MetalEmuBackend
 
 # (batch, q heads, kv heads, head dim): N = (2 + 2 * 1) * 8 = 32 outputs, K = 128 (group 32: 4 groups)
@@ -111,3 +113,29 @@ def test_gated_epilogue_needs_pairs_of_rows() -> None:
 def test_bad_epilogues_are_refused(params: dict[str, object], match: str) -> None:
     with pytest.raises(BadShape, match=match):
         qmm.make(CONFIGS[0], "metal", (2, K, N, 4, 32), "float32", **params)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(clang_path() is None, reason="no clang++ on PATH (apt-get install clang)")
+def test_every_epilogue_passes_the_strict_metal_model() -> None:
+    """Each epilogue's kernel at every qmv and qmv_split config of a small decode shape that it writes
+    itself (2 or more rows a warp), in the three dtypes, in the exact text MLX compiles."""
+    shape = (2, 256, 64, 4, 32)
+    params = {**EPILOGUES, "heads": ({"heads": (2, 4, 2, 8)}, 0)}  # (4 + 2 * 2) * 8 = 64 outputs
+    kernels = []
+    for dtype in ("float32", "float16", "bfloat16"):
+        configs = [c for c in qmm.space(shape, dtype)
+                   if c["path"] in ("qmv", "qmv_split") and int(c["rpw"]) >= 2]
+        base = qmm.make_inputs(shape, dtype, 3)
+        for name, (p, extra) in params.items():
+            inputs = [*base, *(normal((2, 64), dtype, 11) for _ in range(extra))]
+            with capture() as launches:
+                for config in configs:
+                    qmm.make(config, "metal", shape, dtype, **p)(inputs)
+            assert len(launches) == len(configs), name
+            kernels += [metal_kernel(r.rendered.name, r.rendered.inputs, r.rendered.outputs,
+                                     r.rendered.source, r.rendered.header, r.input_dtypes, r.input_shapes,
+                                     r.output_dtypes, r.launch.template) for r in launches]
+    report = compile_strict(kernels)
+    print(f"strict MSL model, quantized_matmul epilogues: {report.summary()}")
+    assert report.kernels == len(kernels) > 100
+    assert report.ok, report.summary()
