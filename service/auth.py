@@ -19,7 +19,7 @@ from typing import TypeVar
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from kernelfleet.service.db import db_now, immediate
+from kernelfleet.service.db import db_now, immediate, is_sqlite
 from kernelfleet.service.errors import Forbidden, NotFound, Unauthorized
 from kernelfleet.service.models import ApiToken, TokenScope, Worker
 
@@ -76,22 +76,29 @@ def authenticate_worker(session: Session, token: str | None,
     Runs inside the caller's transaction: one SELECT through the unique ``token_digest`` index, and
     an UPDATE of ``last_heartbeat_at`` only when it is older than ``refresh_after`` seconds (see
     :func:`seen_every`; a write, and a row lock, on every request would serialise a worker's
-    concurrent requests and cost a write per heartbeat for nothing).
+    concurrent requests and cost a write per heartbeat for nothing). On PostgreSQL the UPDATE is a
+    CTE of the SELECT (one round trip; the SELECT reads the row as it was); on SQLite a statement of
+    its own, when the SELECT found the time stale.
     """
     if token is None:
         raise Unauthorized(token_refusal(True, None))
     wanted = digest(token)
     stale = or_(Worker.last_heartbeat_at.is_(None), Worker.last_heartbeat_at < db_now(-refresh_after))
-    row = session.execute(select(Worker, stale.label("stale")).where(Worker.token_digest == wanted)).first()
+    touch = (update(Worker).where(Worker.token_digest == wanted, Worker.revoked_at.is_(None), stale)
+             .values(last_heartbeat_at=db_now()).execution_options(synchronize_session=False))
+    sqlite = is_sqlite(session.get_bind().engine)
+    query = select(Worker, stale.label("stale")).where(Worker.token_digest == wanted)
+    if not sqlite:
+        query = query.add_cte(touch.returning(Worker.id).cte("kf_seen"))
+    row = session.execute(query).first()
     if row is None or not hmac.compare_digest(row.Worker.token_digest, wanted):
         raise Unauthorized(token_refusal(False, None))
     worker: Worker = row.Worker
     if worker.revoked_at is not None:
         raise Unauthorized(f"worker {worker.id} ({worker.name}) was revoked; "
                            f"enroll it again to get a new token")
-    if row.stale:
-        session.execute(update(Worker).where(Worker.id == worker.id).values(last_heartbeat_at=db_now())
-                        .execution_options(synchronize_session=False))
+    if row.stale and sqlite:
+        session.execute(touch)
     return worker
 
 

@@ -83,31 +83,47 @@ def _finish(session: Session, job_id: int, token: str) -> None:
         raise explain_stale(session, job_id, token)
 
 
-def _wrong_kind(job: Job, sent: str) -> Invalid:
+def _wrong_kind(job: Any, sent: str) -> Invalid:
     wants = "runtime_settings" if job.kind == JobKind.runtime_settings else "a report"
     return Invalid(f"job {job.id} is a {job.kind.value} job ({job.kernel}/{job.shape}/{job.dtype}): its "
                    f"result is {wants}, not {sent}")
 
 
+def _finish_leased(session: Session, worker: Worker, job_id: int, token: str) -> Any:
+    """Mark the job done when ``token`` is this worker's current lease on it (one statement, in the
+    transaction that stores its result): the job's kind, kernel, shape and dtype, or None."""
+    return session.execute(
+        update(Job).where(Job.id == job_id, Job.lease_token == digest(token), Job.state == JobState.leased,
+                          Job.leased_by == worker.id)
+        .values(state=JobState.done, finished_at=db_now(), lease_expires_at=None, updated_at=db_now(),
+                last_error=None, lease_confirmed=True)
+        .returning(Job.id, Job.kind, Job.kernel, Job.shape, Job.dtype)
+        .execution_options(synchronize_session=False)
+    ).first()
+
+
 def _complete(session: Session, worker: Worker, job_id: int, token: str, report: TuningReport) -> Completion:
+    """The job is marked done first, by one conditional UPDATE: when that finds no current lease, the
+    call is a replay (answered from the stored result) or stale (409); a report that does not fit
+    the job raises, and the update rolls back with the transaction."""
     check_origin(worker, report.env.chip, report.env.backend)
     payload = report.digest()
-    replay = _replay(session, worker, job_id, token, payload)
-    if replay is not None:
-        return replay
-    job = _leased(session, worker, job_id, token)
+    job = _finish_leased(session, worker, job_id, token)
+    if job is None:
+        replay = _replay(session, worker, job_id, token, payload)
+        if replay is not None:
+            return replay
+        raise explain_stale(session, job_id, token)
     if job.kind == JobKind.runtime_settings:
         raise _wrong_kind(job, "a tuning report")
     wanted = (job.kernel, job.shape, job.dtype)
     got = (report.kernel, report.shape, report.dtype)
     if wanted != got:
         raise Invalid(f"job {job_id} is {'/'.join(wanted)} but the report is for {'/'.join(got)}")
-    _finish(session, job_id, token)
     result = store_report(session, report, source="lease", job_id=job_id, worker_id=worker.id,
-                          lease_token=digest(token), payload_digest=payload)
-    response = {"result_id": result.id, "job_id": job_id, "state": "done"}
-    result.response = response
-    return Completion(response=response, created=True)
+                          lease_token=digest(token), payload_digest=payload,
+                          respond=lambda row_id: {"result_id": row_id, "job_id": job_id, "state": "done"})
+    return Completion(response=dict(result.response), created=True)
 
 
 def _complete_runtime(session: Session, worker: Worker, job_id: int, token: str, body: RuntimeSettingsFile,

@@ -8,13 +8,14 @@ is atomic against other writers.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import DateTime, Engine, create_engine, event, literal
+from sqlalchemy import DateTime, Engine, create_engine, event, exc, literal
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session, sessionmaker
@@ -77,8 +78,42 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         event.listen(engine, "rollback", _release)
 
         return engine
-    kwargs.setdefault("pool_pre_ping", True)
-    return create_engine(url, **kwargs)
+    if "pool_pre_ping" in kwargs:  # the caller's choice (the health probe pings every checkout)
+        return create_engine(url, **kwargs)
+    engine = create_engine(url, **kwargs)
+    _ping_when_idle(engine)
+    return engine
+
+
+# a pooled PostgreSQL connection idle longer than this is pinged before use (a server, firewall or
+# proxy may have dropped it meanwhile); one in steady use is not: a ping is a round trip of its own,
+# on each request, to a database that may be milliseconds away
+PING_IDLE_SECONDS = 10.0
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """``pool_pre_ping`` for connections that sat in the pool over :data:`PING_IDLE_SECONDS`: a dead
+    one is replaced before the request uses it (SQLAlchemy retries the checkout on a
+    ``DisconnectionError``). A connection that dies while in steady use fails its request's first
+    statement, which invalidates the pool, as it would between a ping and that statement."""
+
+    def fresh(_dbapi_connection: Any, record: Any) -> None:
+        record.info["kf_idle_since"] = time.monotonic()
+
+    def checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        idle_since = record.info.get("kf_idle_since")
+        if idle_since is not None and time.monotonic() - idle_since <= PING_IDLE_SECONDS:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except engine.dialect.loaded_dbapi.Error as e:
+            if engine.dialect.is_disconnect(e, dbapi_connection, None):
+                raise exc.DisconnectionError(str(e)) from e
+            raise
+
+    event.listen(engine.pool, "connect", fresh)
+    event.listen(engine.pool, "checkin", fresh)
+    event.listen(engine.pool, "checkout", checkout)
 
 
 def upsert_insert(session: Session) -> Any:

@@ -3,18 +3,27 @@
 :func:`store_report` inserts a ``results`` row and its ``trials``, folds the trials into the
 incremental ``config_stats`` (O(its trials)), asks for the chip's profile to be rebuilt (an insert
 into ``profile_requests``; the background builder coalesces them) and queues the result's reactions
-(an insert into ``result_events``, in the same statement on PostgreSQL;
-:mod:`kernelfleet.service.reactions` runs the result hooks in
+(an insert into ``result_events``; :mod:`kernelfleet.service.reactions` runs the result hooks in
 the background), all in the caller's transaction (it does not commit), so a completion stores its
 result in the same transaction as the job's transition and no reaction is lost.
+
+Round trips (each statement is one to a database that may be milliseconds away; an executemany
+is one, pipelined by psycopg): on PostgreSQL a result of a new series is four statements, the
+``results`` insert (``RETURNING`` its id), the trials and the stats rows (an executemany each: one
+small statement, parsed once, where one statement of every row's values cost 9 times the CPU), and
+the profile request carrying the event and the stored response (``respond``) as data-modifying
+CTEs; a result of a known series adds the read and the update of its stats rows
+(:func:`kernelfleet.service.aggregates.record`). SQLite, in-process, runs each write on its own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import insert
+from sqlalchemy import insert, update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from kernelfleet.service import aggregates
 from kernelfleet.service.db import is_sqlite
@@ -30,11 +39,13 @@ def store_report(
     job_id: int | None = None,
     worker_id: int | None = None,
     lease_token: str | None = None,
-    response: dict[str, Any] | None = None,
+    respond: Callable[[int], dict[str, Any]] | None = None,
     payload_digest: str | None = None,
 ) -> Result:
     """Insert one validated report (result + trials) and return the flushed ``Result`` row.
-    ``payload_digest``: the report's :meth:`~TuningReport.digest` when the caller has it already."""
+    ``respond(result_id)``: what the call that stored it answers (kept in ``results.response``, for
+    replays), written with the result's other rows. ``payload_digest``: the report's
+    :meth:`~TuningReport.digest` when the caller has it already."""
     ok = [t for t in report.trials if t.status == "ok"]
     best = next((t for t in ok if t.config_key == report.best_config_key), None)
     builtin = next((t for t in ok if t.is_builtin), None)
@@ -44,7 +55,7 @@ def store_report(
         worker_id=worker_id,
         lease_token=lease_token,
         payload_digest=payload_digest or report.digest(),
-        response=response or {},
+        response={},
         source=source,
         kernel=report.kernel,
         shape=report.shape,
@@ -90,17 +101,29 @@ def store_report(
     session.execute(insert(Trial.__table__), rows)  # Core executemany: no ORM bookkeeping per trial
     aggregates.record(session, result, [{**r, "status": r["status"].value} for r in rows],
                       report.measured_at)
-    queue(session, env.chip, result.id)
+    response = respond(result.id) if respond is not None else {}
+    writes = [_request(env.chip), _event(result.id)]
+    if response:
+        writes.append(_set_response(result.id, response))
+    if is_sqlite(session.get_bind().engine):
+        for write in writes:
+            session.execute(write)
+    else:  # one statement: the others as data-modifying CTEs of the first
+        session.execute(writes[0].add_cte(*(w.cte(f"kf_write_{i}") for i, w in enumerate(writes[1:]))))
+    set_committed_value(result, "response", response)  # as stored: nothing left to flush
     return result
 
 
-def queue(session: Session, chip: str, result_id: int) -> None:
-    """Ask for the chip's profile build and queue the result's reactions: one statement on PostgreSQL
-    (the events insert as a data-modifying CTE of the requests insert), two on SQLite (in-process)."""
-    request = insert(ProfileRequest.__table__).values(chip=chip, allow_predicted=False)
-    event = insert(ResultEvent.__table__).values(result_id=result_id)
-    if is_sqlite(session.get_bind().engine):
-        session.execute(request)
-        session.execute(event)
-    else:
-        session.execute(request.add_cte(event.cte("event")))
+def _set_response(result_id: int, response: dict[str, Any]) -> Any:
+    table = Result.__table__
+    return update(table).where(table.c.id == result_id).values(response=response)
+
+
+def _request(chip: str) -> Any:
+    """Ask for the chip's profile build."""
+    return insert(ProfileRequest.__table__).values(chip=chip, allow_predicted=False)
+
+
+def _event(result_id: int) -> Any:
+    """Queue the result's reactions."""
+    return insert(ResultEvent.__table__).values(result_id=result_id)

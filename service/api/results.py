@@ -108,8 +108,8 @@ def import_results(body: ImportIn, _: AdminDep, db: DbDep) -> ImportOut:
         ids: list[int] = []
         for report, digest in zip(body.reports, digests, strict=True):
             if digest not in known:
-                row = store_report(session, report, source="import", payload_digest=digest)
-                row.response = {"result_id": row.id, "imported": True}
+                row = store_report(session, report, source="import", payload_digest=digest,
+                                   respond=lambda result_id: {"result_id": result_id, "imported": True})
                 known[digest] = row.id
                 new.append(row.id)
             ids.append(known[digest])

@@ -1,0 +1,147 @@
+"""A worker's result request costs a handful of database round trips (issue 33: with the database
+5 ms away, each statement is 5 ms of the request): every statement the coordinator runs for one
+``POST /jobs/{id}/result`` is counted with SQLAlchemy's ``before_cursor_execute`` on the served app's
+engine, with its transactions and the pool's pings, so that the count cannot creep back.
+
+On PostgreSQL: the worker's token check (its last-seen time refreshed in a CTE of the same
+statement), the job's transition, the result row, its trials and its stats rows (an executemany
+each), and the profile request carrying the event and the stored response; one BEGIN and one COMMIT,
+no ping of a connection in steady use: 8 round trips, where 12 or 13 were. On SQLite, in-process,
+the writes run as statements of their own."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from coordinator_helpers import make_report
+from inproc import fast_settings, serve_in_thread
+from sqlalchemy import event, select
+from sqlalchemy.engine import make_url
+
+from kernelfleet.service import db
+from kernelfleet.service.models import Worker
+
+ADMIN = {"Authorization": "Bearer kfa_test-admin"}
+
+
+class Counted:
+    """The statements (their first word) and the transaction events of ``engine``, and its pings."""
+
+    def __init__(self, engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.statements: list[str] = []
+        self.events: Counter[str] = Counter()
+        self.on = False
+        event.listen(engine, "before_cursor_execute", self._statement)
+        for name in ("begin", "commit", "rollback"):
+            event.listen(engine, name, lambda _conn, name=name: self._event(name))
+        ping = engine.dialect.do_ping
+
+        def counted_ping(dbapi_connection: Any) -> bool:
+            self._event("ping")
+            return bool(ping(dbapi_connection))
+
+        monkeypatch.setattr(engine.dialect, "do_ping", counted_ping)
+
+    def _statement(self, _conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if self.on:
+            self.statements.append(statement.split(None, 1)[0].upper())
+
+    def _event(self, name: str) -> None:
+        if self.on:
+            self.events[name] += 1
+
+    def start(self) -> None:
+        self.statements.clear()
+        self.events.clear()
+        self.on = True
+
+
+def _worker(c: httpx.Client) -> tuple[int, dict[str, str]]:
+    assert c.post("/api/v1/campaigns", headers=ADMIN, json={
+        "name": "c", "kernels": ["rmsnorm"], "shapes": ["1x4096", "2x4096"], "dtypes": ["float16"]}
+    ).status_code == 201
+    enroll = c.post("/api/v1/enroll-tokens", headers=ADMIN, json={}).json()["token"]
+    w = c.post("/api/v1/workers/enroll", json={
+        "enrollment_token": enroll, "name": "w", "chip": "NVIDIA H100 80GB HBM3", "backend": "cuda",
+        "os": "Linux 6.1", "mlx_version": "0.32.4"}).json()
+    return int(w["worker_id"]), {"Authorization": f"Bearer {w['token']}"}
+
+
+def _lease(c: httpx.Client, auth: dict[str, str]) -> dict[str, Any]:
+    got = c.post("/api/v1/leases", json={}, headers=auth).json()
+    assert c.post(f"/api/v1/jobs/{got['job_id']}/heartbeat", json={"lease_token": got["lease_token"]},
+                  headers=auth).status_code == 200
+    return dict(got)
+
+
+def _result(c: httpx.Client, auth: dict[str, str], got: dict[str, Any]) -> httpx.Response:
+    report = make_report(kernel=got["kernel"], shape=got["shape"], dtype=got["dtype"])
+    return c.post(f"/api/v1/jobs/{got['job_id']}/result", json={"lease_token": got["lease_token"],
+                                                                "report": report}, headers=auth)
+
+
+def test_a_result_request_costs_a_handful_of_round_trips(migrated_db_url: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    sqlite = db.is_sqlite(migrated_db_url)
+    # the worker's last-seen time is refreshed when over 0.1 s old (a tenth of the offline threshold)
+    settings = fast_settings(migrated_db_url, background_in_server=False, reaper_interval_seconds=3600,
+                             worker_offline_after_seconds=1.0)
+    with serve_in_thread(settings) as (url, app), httpx.Client(base_url=url, timeout=30) as c:
+        engine = app.state.engine
+        counted = Counted(engine, monkeypatch)
+        worker_id, auth = _worker(c)
+        got = _lease(c, auth)
+        with engine.connect() as conn:
+            seen = conn.scalar(select(Worker.last_heartbeat_at).where(Worker.id == worker_id))
+        time.sleep(0.3)  # the last-seen time is stale: this request refreshes it
+        counted.start()
+        r = _result(c, auth, got)
+        counted.on = False
+        assert r.status_code == 201, r.text
+        # the token check (on SQLite, and its last-seen refresh), the job's transition, the result,
+        # its trials, its stats rows, then the profile request, the event and the stored response
+        # (one statement on PostgreSQL); one transaction (SQLite's BEGIN IMMEDIATE is a statement)
+        core = ["UPDATE", "INSERT", "INSERT", "INSERT"]
+        assert counted.statements == (["BEGIN", "SELECT", "UPDATE", *core, "INSERT", "INSERT", "UPDATE"]
+                                      if sqlite else ["WITH", *core, "WITH"]), counted.statements
+        assert counted.events == {"begin": 1, "commit": 1}, counted.events  # no ping
+        with engine.connect() as conn:
+            assert conn.scalar(select(Worker.last_heartbeat_at).where(Worker.id == worker_id)) > seen
+        # a replay: the token check (stale again), the transition that finds the job done, the result
+        time.sleep(0.3)
+        counted.start()
+        replay = _result(c, auth, got)
+        counted.on = False
+        assert replay.status_code == 200 and replay.json() == r.json()
+        assert counted.statements == (["BEGIN", "SELECT", "UPDATE", "UPDATE", "SELECT"] if sqlite else
+                                      ["WITH", "UPDATE", "SELECT"]), counted.statements
+
+
+@pytest.mark.postgres
+def test_an_idle_connection_is_pinged_and_a_dead_one_replaced(migrated_db_url: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Connections that sat in the pool over PING_IDLE_SECONDS are pinged before use: the database's
+    connections cut while the coordinator idles, its next request still succeeds."""
+    if db.is_sqlite(migrated_db_url):
+        pytest.skip("PostgreSQL: SQLite has no connection to lose")
+    settings = fast_settings(migrated_db_url, background_in_server=False, reaper_interval_seconds=3600)
+    with serve_in_thread(settings) as (url, app), httpx.Client(base_url=url, timeout=30) as c:
+        counted = Counted(app.state.engine, monkeypatch)
+        _, auth = _worker(c)
+        got = _lease(c, auth)
+        name = make_url(migrated_db_url).database
+        admin = make_url(migrated_db_url).set(drivername="postgresql", database="postgres")
+        with psycopg.connect(admin.render_as_string(hide_password=False), autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                         "WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+        monkeypatch.setattr(db, "PING_IDLE_SECONDS", 0.0)  # every pooled connection counts as idle
+        counted.start()
+        r = _result(c, auth, got)
+        counted.on = False
+        assert r.status_code == 201, r.text
+        assert counted.events["ping"] >= 1, counted.events
