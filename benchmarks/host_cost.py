@@ -8,6 +8,11 @@ a model's decode step a custom call added 22-56 µs (``benchmarks/patch_cost.py`
 36 µs, is ``profile_view.ROUTED_MIN_GAIN_US``: below that gain a call, ``kernelfleet.patch`` keeps the
 built-in (quantized layers, called by a leaner path, have their own gate: ``DEFAULT_MIN_GAIN_US``).
 Only the graph building is timed (the calls are evaluated afterwards); best of 5 rounds of 400 calls.
+
+``chains()`` prices one MLX primitive of each kind a decode step is made of, building and evaluating: a
+chain of 800 (each on the last one's output) built from Python (build), handed to ``mx.async_eval``
+(submit: MLX's host work, CUDA graph nodes included) and waited on (wait: what the GPU adds after that).
+A step whose wait is near zero is host time: its cost is the sum of build and submit over its primitives.
 """
 
 from __future__ import annotations
@@ -74,8 +79,50 @@ def rope() -> None:
              lambda a: runtime.builtin("rope", [a, mx.array([0], mx.int32)], base=5e5))
 
 
+CHAIN = 800
+
+
+def chains() -> None:
+    from kernelfleet.kernels.catalog import quantized_matmul_kernel as qmm
+
+    x = mx.random.normal((1, 4096)).astype(mx.bfloat16)
+    w = mx.ones((4096,), mx.bfloat16)
+    shape = (1, 4096, 4096, 4, 64)
+    _, wq, sc, bi = qmm.make_inputs(shape, "bfloat16", 1)
+    mx.eval(x, w, wq, sc, bi)
+    # a catalog kernel as kernelfleet.patch runs it (one compiled graph a call); the H200's pick at M=1
+    custom = runtime.resolve("quantized_matmul", shape, "bfloat16",
+                             {"path": "qmv_split", "rpw": 4, "tg": 64, "unr": 1, "vw": 4}, {})
+    add = mx.compile(lambda a, b: a + b)
+    kinds: dict[str, tuple[int, Callable[[mx.array], mx.array]]] = {  # primitives a link, the link
+        "Reshape (a view)": (2, lambda y: y.reshape(4096, 1).reshape(1, 4096)),
+        "Add": (1, lambda y: y + x),
+        "Add, one mx.compile'd call": (1, lambda y: add(y, x)),
+        "RMSNorm (mx.fast.rms_norm)": (1, lambda y: mx.fast.rms_norm(y, w, EPS)),
+        "QuantizedMatmul (MLX, 4096x4096 4-bit)": (1, lambda y: mx.quantized_matmul(
+            y, wq, sc, bi, transpose=True, group_size=64, bits=4)),
+        "CustomKernel (qmv_split, compiled call)": (1, lambda y: custom([y, wq, sc, bi])[0]),
+    }
+    print(f"a chain of {CHAIN} links, median of 5 rounds after one: µs a primitive")
+    for label, (per, link) in kinds.items():
+        rounds = []
+        for _ in range(6):
+            t0 = time.perf_counter()
+            y = x
+            for _ in range(CHAIN):
+                y = link(y)
+            t1 = time.perf_counter()
+            mx.async_eval(y)
+            t2 = time.perf_counter()
+            mx.eval(y)
+            rounds.append((t1 - t0, time.perf_counter() - t2, t2 - t1))
+        build, wait, submit = (sorted(r[i] for r in rounds[1:])[2] / (CHAIN * per) * 1e6 for i in range(3))
+        print(f"  {label:44} build {build:6.2f}  submit {submit:6.2f}  wait {wait:6.2f}", flush=True)
+
+
 if __name__ == "__main__":
     print(f"device: {runtime.target().chip}")
     for rows in (8, 2048):
         add_rmsnorm(rows)
     rope()
+    chains()
