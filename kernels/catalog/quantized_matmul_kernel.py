@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Any
 
 import mlx.core as mx
 
 from ..common import DTYPES, ITEMSIZE, ceil_div, mx_dtype, need_rank, normal
-from ..render.dialect import source_version
+from ..render.dialect import float_literal, source_version
 from ..render.launch import KernelSource, Launch, run
 from ..spec import BUILTIN, BadShape, Config, GpuBackend, KernelBuildError, KernelFn, KernelSpec, Shape
 from . import affine, elementwise, quantized_mma, swiglu_kernel
@@ -54,6 +55,7 @@ QMV_BODY = r"""
   const KF_SIZE n0 = (KF_SIZE(KF_GROUP) * (TG / 32 / KS) + KF_WARP / KS) * RPW;
   const int kw = KF_WARP % KS;
   if (n0 < KF_SIZE(N)) {
+${PROLOGUE}
     float acc[MR][RPW];
 #pragma unroll
     for (int m = 0; m < MR; ++m) {
@@ -89,9 +91,10 @@ QMV_BODY = r"""
 #pragma unroll
             for (int c = 0; c < XV / XL; ++c) {
               kf_vec<T, XL> xv = kf_vload<XL>(x, (KF_SIZE(m) * K + w0 * PER) / XL + c);
+${XLOAD}
 #pragma unroll
               for (int e = 0; e < XL; ++e) {
-                const float v = float(xv.v[e]);
+                const float v = ${XVAL};
                 const int b = (c * XL + e) % HALF;
                 xs[m] += v;
                 xf[m][c * XL + e] = v * KF_AS_FLOAT(uint32_t(127 - BITS * b) << 23);
@@ -196,19 +199,55 @@ _GLU = ("            if (r >= RPW / 2) {\n              const float gate = acc[m
 _GLU_ROW = "(r < RPW / 2 ? n0 / 2 + r : KF_SIZE(N / 2) + n0 / 2 + (r - RPW / 2))"
 
 
+# the RMSNorm prologue (``norm``): each warp takes its rows' inverse RMS over K (x is a few KB, in cache)
+# and normalises x as MLX's rms_norm does, ``w * T(x * inv)`` in T, before it meets the weights
+_NORM_PROLOGUE = """    float inv[MR];
+#pragma unroll
+    for (int m = 0; m < MR; ++m) {
+      float ss = 0.0f;
+      for (KF_SIZE c = KF_LANE; c < KF_SIZE(K / 8); c += 32) {
+        const kf_vec<T, 8> xr = kf_vload<8>(x, KF_SIZE(m) * (K / 8) + c);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float t = float(xr.v[e]);
+          ss += t * t;
+        }
+      }
+      inv[m] = KF_RSQRT(kf_warp_sum(ss) / float(K) + ${EPS});
+    }"""
+_NORM_LOAD = "              const kf_vec<T, XL> nv = kf_vload<XL>(nw, (w0 * PER) / XL + c);"
+_NORM_VALUE = "float(T(float(nv.v[e]) * float(T(float(xv.v[e]) * inv[m]))))"
+
+
 def _qmv_source(name: str, store: str, inputs: tuple[str, ...] = (), outputs: tuple[str, ...] = ("out",),
-                row: str = "(n0 + r)", pair: int = 1, store_k: str | None = None) -> KernelSource:
-    values = (("ROW", row), ("PAIR", str(pair)), ("STORE", store),
-              ("STOREK", store if store_k is None else store_k))
-    return KernelSource(name, QMV_BODY, ("x", "wq", "scales", "biases", *inputs), outputs, values)
+                row: str = "(n0 + r)", pair: int = 1, store_k: str | None = None,
+                norm: float | None = None) -> KernelSource:
+    values = [("ROW", row), ("PAIR", str(pair)), ("STORE", store),
+              ("STOREK", store if store_k is None else store_k),
+              ("PROLOGUE", ""), ("XLOAD", ""), ("XVAL", "float(xv.v[e])")]
+    if norm is not None:
+        values[-3:] = [("PROLOGUE", _NORM_PROLOGUE.replace("${EPS}", float_literal(norm))),
+                       ("XLOAD", _NORM_LOAD), ("XVAL", _NORM_VALUE)]
+        name, inputs = f"{name}_norm", ("nw", *inputs)
+    return KernelSource(name, QMV_BODY, ("x", "wq", "scales", "biases", *inputs), outputs, tuple(values))
 
 
 QMV = _qmv_source("qmv", _PLAIN)
-# the epilogues a caller asks for with make's parameters (one launch, no MLX ops after it)
-QMV_RESIDUAL = _qmv_source("qmv_residual", _RESIDUAL, inputs=("res",))
-QMV_HEADS = _qmv_source("qmv_heads", _HEADS, outputs=("oq", "ok", "ov"))
-QMV_SWIGLU = _qmv_source("qmv_swiglu", _GLU, row=_GLU_ROW, pair=2, store_k="            {\n" + _GLU_OUT
-                         + "\n            }")
+
+
+@lru_cache(maxsize=64)
+def qmv_source(epilogue: str = "", norm: float | None = None) -> KernelSource:
+    """qmv's kernel with an epilogue (``heads``, ``glu``, ``residual`` or none) and the RMSNorm prologue
+    at ``norm`` (its eps) or none: one launch, no MLX ops before or after it."""
+    if epilogue == "heads":
+        return _qmv_source("qmv_heads", _HEADS, outputs=("oq", "ok", "ov"), norm=norm)
+    if epilogue == "glu":
+        return _qmv_source("qmv_swiglu", _GLU, row=_GLU_ROW, pair=2,
+                           store_k="            {\n" + _GLU_OUT + "\n            }", norm=norm)
+    if epilogue == "residual":
+        return _qmv_source("qmv_residual", _RESIDUAL, inputs=("res",), norm=norm)
+    return _qmv_source("qmv", _PLAIN, norm=norm)
+
 
 QMV_MAX_M = 8
 # the gated activations an epilogue computes: name -> its built-in on (gate, up)
@@ -307,18 +346,18 @@ def prior(shape: Shape, dtype: str, config: Config) -> float:
     return rank + sum(abs(math.log2(int(config[k]) / v)) for k, v in typical.items() if k in config)
 
 
-def _check_epilogue(shape: Shape, heads: tuple[int, ...], glu: str, residual: bool) -> int:
-    """How many epilogues the parameters ask for (0 or 1), after checking them against ``shape``."""
+def _check_epilogue(shape: Shape, heads: tuple[int, ...], glu: str, residual: bool) -> str:
+    """The epilogue the parameters ask for ("" for none), after checking them against ``shape``."""
     m, k, n = shape[:3]
     if heads and (len(heads) != 4 or heads[0] != m or (heads[1] + 2 * heads[2]) * heads[3] != n):
         raise BadShape(f"quantized_matmul: heads (batch, q heads, kv heads, head dim) = {heads} does not "
                        f"split {m} rows of {n} outputs")
     if glu and (glu not in GLUS or n % 2):
         raise BadShape(f"quantized_matmul: glu {glu!r} takes one of {sorted(GLUS)} over an even N")
-    asked = bool(heads) + bool(glu) + bool(residual)
-    if asked > 1:
+    asked = [name for name, on in (("heads", heads), ("glu", glu), ("residual", residual)) if on]
+    if len(asked) > 1:
         raise BadShape("quantized_matmul: one epilogue at a time (heads, glu or residual)")
-    return asked
+    return asked[0] if asked else ""
 
 
 def epilogue(y: mx.array, rest: Sequence[mx.array], heads: tuple[int, ...] = (), glu: str = "",
@@ -326,7 +365,7 @@ def epilogue(y: mx.array, rest: Sequence[mx.array], heads: tuple[int, ...] = (),
     """The epilogue a caller asked for, in MLX's ops on the matmul's output ``y`` (M, N): the built-in,
     and the paths without it in the kernel. ``heads``: q, k and v of one position (the batch's M rows),
     each ``(batch, heads, 1, head_dim)``; ``glu``: the gated activation of ``y``'s two halves (the
-    activation kernel's built-in); ``residual``: ``y + rest[0]``."""
+    activation kernel's built-in); ``residual``: ``y + rest[-1]``."""
     if heads:
         b, hq, hkv, hd = heads
         parts = mx.split(y, [hq * hd, (hq + hkv) * hd], axis=-1)
@@ -335,40 +374,41 @@ def epilogue(y: mx.array, rest: Sequence[mx.array], heads: tuple[int, ...] = (),
         half = int(y.shape[-1]) // 2
         return list(GLUS[glu]([y[:, :half], y[:, half:]]))
     if residual:
-        return [y + rest[0]]
+        return [y + rest[-1]]
     return [y]
 
 
 def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str, heads: tuple[int, ...] = (),
-         glu: str = "", residual: bool = False) -> KernelFn:
-    """The kernel for ``config``; with an epilogue (:func:`epilogue`'s parameters), qmv and qmv_split write
-    its result from the launch itself (the gated one at ``rpw`` >= 2), the other paths run it in MLX's ops
-    after the matmul. A residual is one more input, after the matmul's four."""
+         glu: str = "", residual: bool = False, norm: float | None = None) -> KernelFn:
+    """The kernel for ``config``. With an epilogue (:func:`epilogue`'s parameters) or ``norm`` (x is
+    RMS-normalised first, as ``mx.fast.rms_norm(x, w, norm)``: its weight ``w`` one more input, after the
+    matmul's four), qmv and qmv_split do it in the launch itself (the gated epilogue at ``rpw`` >= 2), the
+    other paths in MLX's ops around the matmul. A residual is the last input."""
     m, k, n, bits, group = shape
-    fused = _check_epilogue(shape, heads, glu, residual)
+    kind = _check_epilogue(shape, heads, glu, residual)
     plain = _make(config, backend, shape, dtype)
     native = config["path"] in ("qmv", "qmv_split") and not (glu and int(config["rpw"]) < 2)
-    if not fused:
+    if not kind and norm is None:
         return plain
     if not native:
-        def then(inputs: Sequence[mx.array]) -> list[mx.array]:
-            return epilogue(plain(inputs[:4])[0], inputs[4:], heads, glu, residual)
-        return then
+        def around(inputs: Sequence[mx.array]) -> list[mx.array]:
+            x = inputs[0] if norm is None else mx.fast.rms_norm(inputs[0], inputs[4], norm)
+            return epilogue(plain([x, *inputs[1:4]])[0], inputs[4:], heads, glu, residual)
+        return around
     launch = _qmv_launch(config, shape, dtype, heads)
     out_dtype = mx_dtype(dtype)
     shapes: list[tuple[int, ...]]
     if heads:
         b, hq, hkv, hd = heads
         shapes = [(b, hq, 1, hd), (b, hkv, 1, hd), (b, hkv, 1, hd)]
-        src = QMV_HEADS
     else:
         shapes = [(m, n // 2)] if glu else [(m, n)]
-        src = QMV_SWIGLU if glu else QMV_RESIDUAL
+    src = qmv_source(kind, norm)
 
-    def qmv_epilogue(inputs: Sequence[mx.array]) -> list[mx.array]:
+    def qmv_fused(inputs: Sequence[mx.array]) -> list[mx.array]:
         return run(src, backend, inputs, launch, shapes, [out_dtype] * len(shapes))
 
-    return qmv_epilogue
+    return qmv_fused
 
 
 def _qmv_launch(config: Config, shape: Shape, dtype: str, heads: tuple[int, ...] = ()) -> Launch:
@@ -424,8 +464,10 @@ def reference(inputs: Sequence[mx.array]) -> list[mx.array]:
 
 
 def builtin(inputs: Sequence[mx.array], heads: tuple[int, ...] = (), glu: str = "",
-            residual: bool = False) -> list[mx.array]:
+            residual: bool = False, norm: float | None = None) -> list[mx.array]:
     x, wq, sc, bi = inputs[:4]
+    if norm is not None:
+        x = mx.fast.rms_norm(x, inputs[4], norm)
     k = int(x.shape[-1])
     bits = 32 * int(wq.shape[-1]) // k
     group = k // int(sc.shape[-1])

@@ -12,10 +12,11 @@ layer in two ``mx.compile``d graphs per input shape, around the KV cache and att
 - ``post``: ``o_proj``, the residual add, the post-attention RMSNorm, gate/up joined, the activation,
   ``down_proj`` and the second residual add.
 
-At decode (one position per sequence) the quantized matmuls take ``quantized_matmul``'s epilogues
-(:func:`_epilogues`): q/k/v come out in attention's layout, gate/up computes the activation where its
-config holds row pairs, down adds the residual; each a primitive MLX does not build, host time a step
-does not pay.
+Where the profile picks qmv or qmv_split, the quantized matmuls take ``quantized_matmul``'s RMSNorm
+prologue and epilogues (:func:`_epilogues`): q/k/v's launch normalises x and, at one position per
+sequence, writes attention's layout; o's adds the residual; gate/up's normalises that and computes the
+activation where its config holds row pairs; down's adds the residual. Each is a primitive MLX does not
+build, host time a decode step does not pay.
 
 Each kernel (the input ``rmsnorm``, the quantized matmuls, ``add_rmsnorm`` for the residual add and the
 post-attention norm, the activation) runs the profile's config at the call's M, the catalog's built-in
@@ -36,7 +37,7 @@ import mlx.nn as nn
 from ..catalog import quantized_matmul_kernel
 from ..common import prod
 from ..render.launch import interceptor
-from ..spec import Shape
+from ..spec import Config, Shape
 from .model_patterns import Call, Router, Site, source_has
 from .model_quant import (
     ARRAYS,
@@ -132,7 +133,7 @@ def quantized_decoder_layer(m: nn.Module) -> Site | None:
         if not calls or (not router.picks(*((kernel, s, dt) for kernel, s in calls)) and shape[0] <= 1):
             return None  # one sequence and no custom config: mlx-lm's own code, MLX's ops
         params = {kernel: {"eps": e} for kernel, e in zip(NORMS, eps, strict=True)}
-        epilogues = _epilogues(router, calls, shape, dt, (heads, kv_heads, hd), act)
+        epilogues = _epilogues(router, calls, shape, dt, (heads, kv_heads, hd), act, eps)
         resolved = [None if epilogue is None else
                     router.resolved(kernel, s, dt, params.get(kernel, {}), epilogue)
                     for (kernel, s), epilogue in zip(calls, epilogues, strict=True)]
@@ -188,27 +189,35 @@ def quantized_decoder_layer(m: nn.Module) -> Site | None:
 
 
 def _epilogues(router: Router, calls: list[tuple[str, Shape]], shape: tuple[int, ...], dt: Any,
-               heads: tuple[int, int, int], act: str) -> list[dict[str, Any] | None]:
-    """Per call of the plan, what its quantized matmul writes after its own result (``quantized_matmul``'s
-    epilogues: MLX's ops after the matmul where its config has no such store), None for the activation
-    where gate/up's launch computes it. At one position per sequence q/k/v leave the matmul as attention's
-    (batch, heads, 1, head dim); gate/up computes the activation where its config holds both rows of a pair
-    (qmv, qmv_split at 2 or more rows a warp); down adds the residual. Every MLX primitive a decode step
-    leaves out is host time it does not pay."""
+               heads: tuple[int, int, int], act: str, eps: tuple[float, ...]) -> list[dict[str, Any] | None]:
+    """Per call of the plan, the parameters its launch takes beyond the kernel's own (``quantized_matmul``'s
+    epilogues and RMSNorm prologue: MLX's ops around the matmul where its config does not do them), None
+    for a norm or the activation that a quantized matmul's launch does instead. Where q/k/v's config is
+    qmv or qmv_split its launch normalises x; at one position per sequence it writes q, k and v as attention
+    holds them (batch, heads, 1, head dim). Where gate/up's is, o adds the residual and gate/up's launch
+    normalises the sum, and at 2 or more rows a warp (a gate row and its up row in one warp) computes the
+    activation. down adds the residual. Every MLX primitive a decode step leaves out is host time it does
+    not pay (``benchmarks/host_cost.py``)."""
     qkv_call, gate_up_call = calls[1], calls[4]
-    gate_up = router.choice(gate_up_call[0], gate_up_call[1], dt)
-    fused_act = act in quantized_matmul_kernel.GLUS and gate_up is not None \
-        and gate_up["path"] in ("qmv", "qmv_split") and int(gate_up["rpw"]) >= 2
+
+    def own_path(call: tuple[str, Shape]) -> Config | None:  # a config whose launch does the extra work
+        config = router.choice(call[0], call[1], dt)
+        return config if config is not None and config["path"] in ("qmv", "qmv_split") else None
+
+    qkv, gate_up = own_path(qkv_call), own_path(gate_up_call)
+    fused_act = act in quantized_matmul_kernel.GLUS and gate_up is not None and int(gate_up["rpw"]) >= 2
     one = shape[1] == 1 and qkv_call[1][0] == shape[0]
-    return [{}, {"heads": (shape[0], *heads)} if one else {}, {}, {}, {"glu": act} if fused_act else {},
-            None if fused_act else {}, {"residual": True}]
+    qkv_params = {**({"heads": (shape[0], *heads)} if one else {}), **({"norm": eps[0]} if qkv else {})}
+    gate_up_params = {**({"glu": act} if fused_act else {}), **({"norm": eps[1]} if gate_up else {})}
+    return [None if qkv else {}, qkv_params, {"residual": True} if gate_up else {}, None if gate_up else {},
+            gate_up_params, None if fused_act else {}, {"residual": True}]
 
 
 def _graphs(runners: tuple[Any, ...], shape: tuple[int, ...], dims: tuple[int, int, int, int],
             rope: tuple[Any, ...]) -> tuple[Any, Any]:
     """The layer's two graphs on ``x`` of ``shape`` (batch, L, K) through ``runners`` (in the order of the
-    block's plan, with :func:`_epilogues`' parameters; no activation runner where gate/up computes it), to be
-    ``mx.compile``d."""
+    block's plan, with :func:`_epilogues`' parameters; None for a norm or the activation a quantized matmul's
+    launch does), to be ``mx.compile``d."""
     norm_run, qkv_run, o_run, add_norm_run, gate_up_run, act_run, down_run = runners
     heads, kv_heads, hd, inter = dims
     b, length, k = shape
@@ -218,11 +227,15 @@ def _graphs(runners: tuple[Any, ...], shape: tuple[int, ...], dims: tuple[int, i
 
     def pre(x: mx.array, offset: mx.array, norm: mx.array, w: mx.array, s: mx.array, bi: mx.array,
             *freqs: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        h = norm_run([x.reshape(rows, k), norm])[0]
-        if one:
-            q, keys, values = qkv_run([h, w, s, bi])
+        rows_in = x.reshape(rows, k)
+        if norm_run is None:  # q/k/v's launch normalises x
+            qkv = qkv_run([rows_in, w, s, bi, norm])
         else:
-            q, keys, values = split_heads(qkv_run([h, w, s, bi])[0], b, length, heads, kv_heads, hd)
+            qkv = qkv_run([norm_run([rows_in, norm])[0], w, s, bi])
+        if one:
+            q, keys, values = qkv
+        else:
+            q, keys, values = split_heads(qkv[0], b, length, heads, kv_heads, hd)
         f = freqs[0] if freqs else None
         q, keys = (mx.fast.rope(t, rope_dims, traditional=traditional, base=base, scale=scale, offset=offset,
                                 freqs=f) for t in (q, keys))
@@ -232,11 +245,16 @@ def _graphs(runners: tuple[Any, ...], shape: tuple[int, ...], dims: tuple[int, i
              gw: mx.array, gs: mx.array, gb: mx.array, dw: mx.array, ds: mx.array, db: mx.array) -> mx.array:
         # (batch, heads, L, head dim) -> (rows, heads * head dim); at one position a reshape alone
         a = (attn if one else attn.transpose(0, 2, 1, 3)).reshape(rows, heads * hd)
-        normed, h = add_norm_run([x.reshape(rows, k), o_run([a, ow, os_, ob])[0], norm])
-        if act_run is None:
-            mid = gate_up_run([normed, gw, gs, gb])[0]
+        if add_norm_run is None:  # o adds the residual, gate/up's launch normalises the sum
+            h = o_run([a, ow, os_, ob, x.reshape(rows, k)])[0]
+            gate_up_in = [h, gw, gs, gb, norm]
         else:
-            gu = gate_up_run([normed, gw, gs, gb])[0]
+            normed, h = add_norm_run([x.reshape(rows, k), o_run([a, ow, os_, ob])[0], norm])
+            gate_up_in = [normed, gw, gs, gb]
+        if act_run is None:
+            mid = gate_up_run(gate_up_in)[0]
+        else:
+            gu = gate_up_run(gate_up_in)[0]
             mid = act_run([gu[:, :inter], gu[:, inter:]])[0]
         out: mx.array = down_run([mid, dw, ds, db, h])[0].reshape(b, length, k)
         return out

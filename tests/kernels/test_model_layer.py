@@ -171,8 +171,9 @@ def _decode_profile(config: dict[str, Any], bits: int, group: int) -> dict[str, 
 
 def test_a_decode_step_with_custom_kernels_writes_the_epilogues(monkeypatch: pytest.MonkeyPatch) -> None:
     """With custom kernels (the Metal emulator as the GPU), a decode step's layer launches four quantized
-    matmuls and nothing between them but MLX's norms, RoPE and attention: q/k/v leave theirs in attention's
-    layout, gate/up's computes the activation, down's adds the residual. The logits stay the stock model's."""
+    matmuls and nothing between them but MLX's RoPE, KV cache and attention: q/k/v's normalises x and
+    leaves q, k and v in attention's layout, o's adds the residual, gate/up's normalises that and computes
+    the activation, down's adds the residual. The logits stay the stock model's."""
     from kernelfleet.kernels.patch import runtime
     from kernelfleet.kernels.render.launch import capture, intercept
     from kernelfleet.kernels.testing.metal_emu import Emulator
@@ -198,9 +199,10 @@ def test_a_decode_step_with_custom_kernels_writes_the_epilogues(monkeypatch: pyt
         for c in cache:
             c.offset -= 1
         kinds = [r.rendered.name.split("_")[1] for r in launches]
-        layer = ["qmv", "qmv", "qmv", "qmv"]  # q/k/v heads, o, gate/up + activation, down + residual
+        layer = ["qmv", "qmv", "qmv", "qmv"]
+        # norm + q/k/v in heads; o + residual; norm + gate/up + activation; down + residual
         assert [r.rendered.name.rsplit("_", 1)[0] for r in launches[:4]] == \
-            ["kf_qmv_heads", "kf_qmv", "kf_qmv_swiglu", "kf_qmv_residual"], kinds
+            ["kf_qmv_heads_norm", "kf_qmv_residual", "kf_qmv_swiglu_norm", "kf_qmv_residual"], kinds
         assert kinds == layer * 2 + ["qmv"], kinds  # two layers, then the LM head
         with intercept(emu.launch):
             patched = model(mx.array([[11]]), cache=cache)

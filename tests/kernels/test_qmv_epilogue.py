@@ -1,13 +1,16 @@
-"""quantized_matmul's epilogues (q/k/v heads, the gated activation, the residual add): qmv and qmv_split
-write them from the launch itself, checked on the Metal emulator (the dialect's other rendering of the
-same body) against MLX's ops on the built-in's output; the other paths and the built-in run them in MLX's
-ops, checked on CPU."""
+"""quantized_matmul's epilogues (q/k/v heads, the gated activation, the residual add) and its RMSNorm
+prologue: qmv and qmv_split do them in the launch itself, checked on the Metal emulator (the dialect's
+other rendering of the same body) against MLX's ops on the built-in's output; the other paths and the
+built-in run them in MLX's ops, checked on CPU."""
 
 from __future__ import annotations
+
+import itertools
 
 import mlx.core as mx
 import pytest
 
+from kernelfleet.kernels.catalog import affine
 from kernelfleet.kernels.catalog import quantized_matmul_kernel as qmm
 from kernelfleet.kernels.common import normal
 from kernelfleet.kernels.render.launch import capture, intercept
@@ -27,22 +30,30 @@ CONFIGS = [  # qmv at 2 and 4 rows a warp; qmv_split with 2 warps on a row's ste
 ]
 # what each epilogue adds to the launch: make's parameters, and the inputs after the matmul's four
 EPILOGUES = {
+    "none": ({}, 0),
     "heads": ({"heads": HEADS}, 0),
     "swiglu": ({"glu": "swiglu"}, 0),
     "residual": ({"residual": True}, 1),
 }
-# (atol, rtol): bfloat16 rounds y before the epilogue
-TOL = {"float32": (2e-4, 2e-4), "bfloat16": (6e-2, 2e-2)}
 
 
-def _inputs(dtype: str, extra: int, m: int = 2, bits: int = 4) -> list[mx.array]:
+def _inputs(dtype: str, extra: int, m: int = 2, bits: int = 4, norm: bool = False) -> list[mx.array]:
+    """x, the weights, the norm's weight (with ``norm``) and ``extra`` residuals."""
     shape = (m, K, N, bits, 32)
     x, wq, sc, bi = qmm.make_inputs(shape, dtype, 3)
-    return [x, wq, sc, bi, *(normal((m, N), dtype, 11 + i) for i in range(extra))]
+    x = (x * (1.0 + 2.0 * mx.arange(m)[:, None])).astype(x.dtype)  # rows of different RMS
+    nw = [(normal((K,), "float32", 21) * 0.2 + 1.0).astype(x.dtype)] if norm else []
+    return [x, wq, sc, bi, *nw, *(normal((m, N), dtype, 11 + i) for i in range(extra))]
+
+
+def _reference(inputs: list[mx.array], **params: object) -> list[mx.array]:
+    """The built-in in float32 throughout: what every candidate is checked against."""
+    return qmm.builtin([t if t.dtype == mx.uint32 else t.astype(mx.float32) for t in inputs],
+                       **params)  # type: ignore[arg-type]
 
 
 def _close(got: list[mx.array], want: list[mx.array], dtype: str) -> None:
-    atol, rtol = TOL[dtype]
+    atol, rtol = affine.MATMUL_TOLERANCES[dtype].atol, affine.MATMUL_TOLERANCES[dtype].rtol
     assert [tuple(g.shape) for g in got] == [tuple(w.shape) for w in want]
     for g, w in zip(got, want, strict=True):
         g32, w32 = g.astype(mx.float32), w.astype(mx.float32)
@@ -58,15 +69,17 @@ def emu() -> MetalEmuBackend:
     return backend
 
 
+@pytest.mark.parametrize("norm", [None, 1e-5], ids=["", "norm"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c['path']}-rpw{c['rpw']}")
 @pytest.mark.parametrize("name", sorted(EPILOGUES))
-def test_the_kernel_writes_the_epilogue(name: str, config: dict[str, object], dtype: str,
+def test_the_kernel_writes_the_epilogue(name: str, config: dict[str, object], dtype: str, norm: float | None,
                                         emu: MetalEmuBackend) -> None:
     params, extra = EPILOGUES[name]
-    inputs = _inputs(dtype, extra)
+    params = {**params, "norm": norm} if norm is not None else params
+    inputs = _inputs(dtype, extra, norm=norm is not None)
     shape = (2, K, N, 4, 32)
-    want = qmm.builtin(inputs, **params)
+    want = _reference(inputs, **params)
     with capture() as launches:
         qmm.make(config, "metal", shape, dtype, **params)(inputs)
     assert len(launches) == 1, "one launch, no MLX op after it"
@@ -87,13 +100,13 @@ def test_heads_are_in_attention_layout() -> None:
 
 
 def test_a_path_without_the_epilogue_runs_it_after_the_matmul(emu: MetalEmuBackend) -> None:
-    """dq (and mma, the built-in) take the epilogue in MLX's ops: the same values as the built-in."""
-    inputs = _inputs("float32", 1)
+    """dq (and mma, the built-in) take the norm and the epilogue in MLX's ops: the built-in's values."""
+    inputs = _inputs("float32", 1, norm=True)
     dq = {"path": "dq", "rpw": 1, "vw": 1, "tg": 128, "unr": 1}
     with intercept(emu.launch):
-        got = qmm.make(dq, "metal", (2, K, N, 4, 32), "float32", residual=True)(inputs)
+        got = qmm.make(dq, "metal", (2, K, N, 4, 32), "float32", residual=True, norm=1e-5)(inputs)
         mx.eval(got)
-    _close(got, qmm.builtin(inputs, residual=True), "float32")
+    _close(got, _reference(inputs, residual=True, norm=1e-5), "float32")
 
 
 def test_gated_epilogue_needs_pairs_of_rows() -> None:
@@ -117,8 +130,9 @@ def test_bad_epilogues_are_refused(params: dict[str, object], match: str) -> Non
 
 @pytest.mark.skipif(clang_path() is None, reason="no clang++ on PATH (apt-get install clang)")
 def test_every_epilogue_passes_the_strict_metal_model() -> None:
-    """Each epilogue's kernel at every qmv and qmv_split config of a small decode shape that it writes
-    itself (2 or more rows a warp), in the three dtypes, in the exact text MLX compiles."""
+    """Each epilogue's kernel, with and without the norm prologue, at every qmv and qmv_split config of a
+    small decode shape it runs in (2 or more rows a warp), in the three dtypes, in the exact text MLX
+    compiles."""
     shape = (2, 256, 64, 4, 32)
     params = {**EPILOGUES, "heads": ({"heads": (2, 4, 2, 8)}, 0)}  # (4 + 2 * 2) * 8 = 64 outputs
     kernels = []
@@ -126,16 +140,19 @@ def test_every_epilogue_passes_the_strict_metal_model() -> None:
         configs = [c for c in qmm.space(shape, dtype)
                    if c["path"] in ("qmv", "qmv_split") and int(c["rpw"]) >= 2]
         base = qmm.make_inputs(shape, dtype, 3)
-        for name, (p, extra) in params.items():
-            inputs = [*base, *(normal((2, 64), dtype, 11) for _ in range(extra))]
+        for (name, (p, extra)), norm in itertools.product(params.items(), (None, 1e-6)):
+            if name == "none" and norm is None:
+                continue  # the catalog's own qmv: test_metal_render
+            nw = [] if norm is None else [mx.ones((256,), base[0].dtype)]
+            inputs = [*base, *nw, *(normal((2, 64), dtype, 11) for _ in range(extra))]
             with capture() as launches:
                 for config in configs:
-                    qmm.make(config, "metal", shape, dtype, **p)(inputs)
+                    qmm.make(config, "metal", shape, dtype, **p, norm=norm)(inputs)
             assert len(launches) == len(configs), name
             kernels += [metal_kernel(r.rendered.name, r.rendered.inputs, r.rendered.outputs,
                                      r.rendered.source, r.rendered.header, r.input_dtypes, r.input_shapes,
                                      r.output_dtypes, r.launch.template) for r in launches]
     report = compile_strict(kernels)
     print(f"strict MSL model, quantized_matmul epilogues: {report.summary()}")
-    assert report.kernels == len(kernels) > 100
+    assert report.kernels == len(kernels) > 300
     assert report.ok, report.summary()
