@@ -24,6 +24,13 @@ Three paths, a config axis (``path``), so the profile picks per exact shape, M i
 - ``dq`` (any M, meant for prefill): the dequantize kernel (``affine.DEQUANT_BODY``) writes the weights in
   ``x``'s dtype, then MLX's own GEMM (``mx.matmul``, tensor cores) runs on them. At M=2048 the GEMM costs
   some 6x the dequantize, so this reaches most of the dense model's throughput.
+
+Around the matmul, for a patched decoder layer (:mod:`kernelfleet.kernels.patch.model_layer`): :func:`make`'s
+``norm`` (x RMS-normalised first, its weight one more input) and one epilogue, ``heads`` (q, k and v of one
+position in attention's layout), ``glu`` (the gated activation of the output's two halves) or ``residual``
+(plus the last input). qmv and qmv_split do them in their own launch (:func:`qmv_source`), since a launch
+costs host time a decode step pays (``benchmarks/host_cost.py``); the other paths and the built-in run
+MLX's ops around the matmul.
 """
 
 from __future__ import annotations
