@@ -443,6 +443,32 @@ def pct(values: list[float], q: float) -> float:
     return sorted(values)[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
+WAVE_BUCKET_S = 10.0
+
+
+def buckets(latency: list[float], at: list[float], start: float, wall: float,
+            width: float = WAVE_BUCKET_S) -> list[list[float]]:
+    """The latencies of the requests sent in each ``width``-second slice of the window."""
+    out: list[list[float]] = [[] for _ in range(max(1, int(wall // width)))]
+    for value, when in zip(latency, at, strict=True):
+        i = int((when - start) // width)
+        if 0 <= i < len(out):
+            out[i].append(value)
+    return out
+
+
+def waves(name: str, latency: list[float], at: list[float], start: float, wall: float) -> str:
+    """A line on how evenly ``name`` requests arrive: their count per 10 s slice (min, median, max: a
+    fleet whose heartbeats lined up arrives in waves, max far above median) and the worst slice's p99."""
+    slices = buckets(latency, at, start, wall)
+    counts = [len(b) for b in slices]
+    median = statistics.median(counts)
+    worst = max((pct(b, 0.99) for b in slices if len(b) >= 20), default=float("nan"))
+    ratio = f"{max(counts) / median:.2f}" if median else "-"
+    return (f"{name} per {WAVE_BUCKET_S:.0f} s: min {min(counts)}, median {median:.0f}, max {max(counts)} "
+            f"(max/median {ratio}); the worst slice's p99 {worst * 1e3:.1f} ms")
+
+
 async def run(args: argparse.Namespace) -> list[str]:
     workdir = Path(tempfile.mkdtemp(prefix="kf-load-"))
     url, pg_name = fresh_database(args, workdir)
@@ -549,6 +575,9 @@ async def run(args: argparse.Namespace) -> list[str]:
             p99s = [f"{pct(h, 0.99) * 1e3:13.1f}" if h else f"{'-':>13s}" for h in halves]
             out.append(f"{name:12s} {len(v):7d} {len(v) / wall:7.1f} {statistics.median(v) * 1e3:8.1f} "
                        f"{pct(v, 0.99) * 1e3:8.1f} {max(v) * 1e3:8.1f} {' '.join(p99s)}")
+    for name in ("lease", "heartbeat"):
+        if s.latency.get(name):
+            out.append(waves(name, s.latency[name], s.at[name], t0, wall))
     out.append(f"jobs/s: {acked / wall:.2f} ({acked} results acknowledged in the window)")
     out.append(f"errors: {sum(s.errors.values())} {dict(s.errors) if s.errors else ''}".rstrip())
     out.append(f"lost leases (409 on a heartbeat or result of a live worker): {s.lost}")

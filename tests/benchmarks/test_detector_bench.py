@@ -4,32 +4,21 @@ and several seeds pool into one report (sums first, then the ratios) with a row 
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from . import BENCHMARKS
+from . import load
 
 
 @pytest.fixture(scope="module")
-def det() -> Iterator[Any]:
-    """benchmarks/detector.py as a module, registered while loaded (its dataclasses look it up)."""
-    spec = importlib.util.spec_from_file_location("kf_bench_detector", BENCHMARKS / "detector.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        del sys.modules[spec.name]
+def det() -> Any:
+    """benchmarks/detector.py as a module."""
+    return load("detector")
 
 
 def _draws(det: Any, monkeypatch: pytest.MonkeyPatch, corpus: list[Any],
