@@ -2,7 +2,8 @@
 
 Each simulated worker enrolls (an admin-minted enrollment token), then loops: lease (long-polled,
 ``--lease-wait``), confirm the lease at once with a heartbeat, "tune" for a think time drawn from
-``--think``, heartbeating every lease_seconds/3, and post a real-size report (the largest one in
+``--think``, heartbeating when the coordinator's answer says (as the agent: at most every lease_seconds/3,
+spread by its jitter), and post a real-size report (the largest one in
 benchmarks/results/h100_session_tuning.jsonl, with kernel, shape and dtype set to the job's). On a
 204 it waits the coordinator's ``Retry-After`` (jittered). At the end it releases what it holds.
 Workers start spread over ``--ramp`` seconds, and a worker's first job takes a uniform fraction of
@@ -62,6 +63,7 @@ from sqlalchemy import func, select
 from kernelfleet.service.auth import digest
 from kernelfleet.service.db import make_engine
 from kernelfleet.service.models import Job, JobState, Result
+from kernelfleet.worker.agent import next_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "benchmarks" / "results" / "h100_session_tuning.jsonl"
@@ -343,18 +345,19 @@ class Fleet:
 
     async def _hold(self, http: aiohttp.ClientSession, job_url: str, body: dict[str, str],
                     auth: dict[str, str], rng: random.Random, lease_seconds: float, first: bool) -> str:
-        """Confirm, then heartbeat every lease/3 while "tuning": done, lost or stopped."""
+        """Confirm, then heartbeat while "tuning", when the coordinator's answer says as the agent does
+        (``next_interval``: at most lease/3, less its spreading jitter): done, lost or stopped."""
         think = rng.uniform(*self.args.think)
         if first:  # the fleet is in steady state: a worker is somewhere in its current tune
             think = rng.uniform(0, think)
         tune_until = time.monotonic() + think
         while True:
-            status, _, _ = await self.call(http, "heartbeat", "POST", f"{job_url}/heartbeat", json=body,
-                                           headers=auth)
+            status, reply, _ = await self.call(http, "heartbeat", "POST", f"{job_url}/heartbeat", json=body,
+                                               headers=auth)
             if status == 409:
                 self.stats.lost += 1
                 return "lost"
-            pause = min(lease_seconds / 3, tune_until - time.monotonic())
+            pause = min(next_interval(reply, lease_seconds / 3), tune_until - time.monotonic())
             if pause <= 0:
                 return "done"
             if await self._sleep(pause):
@@ -551,7 +554,8 @@ async def run(args: argparse.Namespace) -> list[str]:
     away = (f" {args.db_latency:g} ms a round trip away (latency_proxy.py; SELECT 1 through it: "
             f"{trip_ms:.1f} ms)" if args.db_latency else "")
     out.append(f"{args.workers} workers, think {args.think[0]:g}-{args.think[1]:g} s, "
-               f"lease {args.lease_seconds:g} s (heartbeat every {args.lease_seconds / 3:g} s), "
+               f"lease {args.lease_seconds:g} s (heartbeat at most every {args.lease_seconds / 3:g} s, "
+               f"when the coordinator says), "
                f"long-poll {args.lease_wait:g} s, "
                f"{args.replicas} replica(s) x {args.server_workers} process(es), "
                f"{'through nginx' if args.nginx else 'direct'}, {args.connections} client connections, "
