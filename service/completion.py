@@ -60,29 +60,6 @@ def check_origin(worker: Worker, chip: str, backend: str, *, what: str = "this r
                       f"machine as its own worker)")
 
 
-def _leased(session: Session, worker: Worker, job_id: int, token: str) -> Job:
-    """The job, when ``token`` is this worker's current lease on it; else the stale lease's error."""
-    job = session.scalars(
-        select(Job).where(Job.id == job_id, Job.lease_token == digest(token), Job.state == JobState.leased,
-                          Job.leased_by == worker.id)
-    ).first()
-    if job is None:
-        raise explain_stale(session, job_id, token)
-    return job
-
-
-def _finish(session: Session, job_id: int, token: str) -> None:
-    """Mark the leased job done (in the transaction that stores its result)."""
-    done = session.execute(
-        update(Job).where(Job.id == job_id, Job.lease_token == digest(token), Job.state == JobState.leased)
-        .values(state=JobState.done, finished_at=db_now(), lease_expires_at=None, updated_at=db_now(),
-                last_error=None, lease_confirmed=True)
-        .returning(Job.id).execution_options(synchronize_session=False)
-    ).scalar()
-    if done is None:  # the reaper requeued it between our read and this write (PostgreSQL)
-        raise explain_stale(session, job_id, token)
-
-
 def _wrong_kind(job: Any, sent: str) -> Invalid:
     wants = "runtime_settings" if job.kind == JobKind.runtime_settings else "a report"
     return Invalid(f"job {job.id} is a {job.kind.value} job ({job.kernel}/{job.shape}/{job.dtype}): its "
@@ -135,7 +112,9 @@ def _complete_runtime(session: Session, worker: Worker, job_id: int, token: str,
     if (prior is not None and prior.kind == JobKind.runtime_settings and prior.state == JobState.done
             and prior.lease_token == digest(token) and prior.leased_by == worker.id):
         return Completion(response=response, created=False)
-    job = _leased(session, worker, job_id, token)
+    job = _finish_leased(session, worker, job_id, token)  # a check below that fails rolls it back
+    if job is None:
+        raise explain_stale(session, job_id, token)
     if job.kind != JobKind.runtime_settings:
         raise _wrong_kind(job, "runtime_settings")
     strays = sorted({f"{e.model}/{e.dtype}" for e in body.entries} - {f"{job.shape}/{job.dtype}"})
@@ -144,7 +123,6 @@ def _complete_runtime(session: Session, worker: Worker, job_id: int, token: str,
                       f"{', '.join(strays)}")
     from kernelfleet.service.runtime_settings import store_settings  # it imports check_origin from here
 
-    _finish(session, job_id, token)
     store_settings(session, worker, body, min_effect)
     return Completion(response=response, created=True)
 
