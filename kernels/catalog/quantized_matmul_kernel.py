@@ -239,9 +239,6 @@ def _qmv_source(name: str, store: str, inputs: tuple[str, ...] = (), outputs: tu
     return KernelSource(name, QMV_BODY, ("x", "wq", "scales", "biases", *inputs), outputs, tuple(values))
 
 
-QMV = _qmv_source("qmv", _PLAIN)
-
-
 @lru_cache(maxsize=64)
 def qmv_source(epilogue: str = "", norm: float | None = None) -> KernelSource:
     """qmv's kernel with an epilogue (``heads``, ``glu``, ``residual`` or none) and the RMSNorm prologue
@@ -391,17 +388,23 @@ def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str, heads: t
     RMS-normalised first, as ``mx.fast.rms_norm(x, w, norm)``: its weight ``w`` one more input, after the
     matmul's four), qmv and qmv_split do it in the launch itself (the gated epilogue at ``rpw`` >= 2), the
     other paths in MLX's ops around the matmul. A residual is the last input."""
-    m, k, n, bits, group = shape
     kind = _check_epilogue(shape, heads, glu, residual)
+    if config["path"] in ("qmv", "qmv_split") and not (glu and int(config["rpw"]) < 2):
+        return _qmv(config, backend, shape, dtype, kind, norm, heads)
     plain = _make(config, backend, shape, dtype)
-    native = config["path"] in ("qmv", "qmv_split") and not (glu and int(config["rpw"]) < 2)
     if not kind and norm is None:
         return plain
-    if not native:
-        def around(inputs: Sequence[mx.array]) -> list[mx.array]:
-            x = inputs[0] if norm is None else mx.fast.rms_norm(inputs[0], inputs[4], norm)
-            return epilogue(plain([x, *inputs[1:4]])[0], inputs[4:], heads, glu, residual)
-        return around
+
+    def around(inputs: Sequence[mx.array]) -> list[mx.array]:
+        x = inputs[0] if norm is None else mx.fast.rms_norm(inputs[0], inputs[4], norm)
+        return epilogue(plain([x, *inputs[1:4]])[0], inputs[4:], heads, glu, residual)
+    return around
+
+
+def _qmv(config: Config, backend: GpuBackend, shape: Shape, dtype: str, kind: str = "",
+         norm: float | None = None, heads: tuple[int, ...] = ()) -> KernelFn:
+    """qmv or qmv_split in one launch, with the epilogue ``kind`` and the norm prologue where asked."""
+    m, n = shape[0], shape[2]
     launch = _qmv_launch(config, shape, dtype, heads)
     out_dtype = mx_dtype(dtype)
     shapes: list[tuple[int, ...]]
@@ -409,13 +412,13 @@ def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str, heads: t
         b, hq, hkv, hd = heads
         shapes = [(b, hq, 1, hd), (b, hkv, 1, hd), (b, hkv, 1, hd)]
     else:
-        shapes = [(m, n // 2)] if glu else [(m, n)]
+        shapes = [(m, n // 2)] if kind == "glu" else [(m, n)]
     src = qmv_source(kind, norm)
 
-    def qmv_fused(inputs: Sequence[mx.array]) -> list[mx.array]:
+    def qmv(inputs: Sequence[mx.array]) -> list[mx.array]:
         return run(src, backend, inputs, launch, shapes, [out_dtype] * len(shapes))
 
-    return qmv_fused
+    return qmv
 
 
 def _qmv_launch(config: Config, shape: Shape, dtype: str, heads: tuple[int, ...] = ()) -> Launch:
@@ -453,12 +456,7 @@ def _make(config: Config, backend: GpuBackend, shape: Shape, dtype: str) -> Kern
             return run(quantized_mma.SOURCE, backend, inputs, mma_launch, [(m, n)], [out_dtype])
 
         return mma
-    launch = _qmv_launch(config, shape, dtype)
-
-    def qmv(inputs: Sequence[mx.array]) -> list[mx.array]:
-        return run(QMV, backend, inputs, launch, [(m, n)], [out_dtype])
-
-    return qmv
+    return _qmv(config, backend, shape, dtype)
 
 
 def reference(inputs: Sequence[mx.array]) -> list[mx.array]:

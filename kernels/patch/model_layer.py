@@ -206,7 +206,7 @@ def _epilogues(router: Router, calls: list[tuple[str, Shape]], shape: tuple[int,
 
     qkv, gate_up = own_path(qkv_call), own_path(gate_up_call)
     fused_act = act in quantized_matmul_kernel.GLUS and gate_up is not None and int(gate_up["rpw"]) >= 2
-    one = shape[1] == 1 and qkv_call[1][0] == shape[0]
+    one = shape[1] == 1  # one position per sequence: q/k/v's rows are the batch
     qkv_params = {**({"heads": (shape[0], *heads)} if one else {}), **({"norm": eps[0]} if qkv else {})}
     gate_up_params = {**({"glu": act} if fused_act else {}), **({"norm": eps[1]} if gate_up else {})}
     return [None if qkv else {}, qkv_params, {"residual": True} if gate_up else {}, None if gate_up else {},

@@ -110,8 +110,8 @@ class Router:
                  epilogue: dict[str, Any] | None = None) -> tuple[list[int], runtime.Runner]:
         """(the call counter, what runs) for one kernel call, resolved on the first call per (kernel,
         shape, dtype, parameter values) and kept. The caller adds 1 to ``counter[0]`` per run.
-        ``epilogue``: parameters of this launch only (what the kernel writes after its own result, e.g.
-        quantized_matmul's), not recorded in :attr:`params`, which price the kernel alone."""
+        ``epilogue``: parameters of this launch only (work around the kernel's own, e.g. quantized_matmul's
+        norm prologue and epilogues), not recorded in :attr:`params`, which price the kernel alone."""
         extra = epilogue or {}
         memo_key = (kernel, shape, dt, *params.values(), *extra.items())
         hit = self._runners.get(memo_key)
