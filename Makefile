@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 4
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run demo test test-full lint typecheck pytest bench-kernels bench-search bench-gpu bench-launch-floor bench-predict bench-cross-chip bench-dashboard bench-load bench-detector bench-profiles bench-profile-build bench-calibration clean test-metal-model test-metal
+.PHONY: help venv run demo test test-full lint typecheck pytest bench-kernels bench-search bench-gpu bench-launch-floor bench-predict bench-cross-chip bench-dashboard bench-load bench-request-cost bench-detector bench-profiles bench-profile-build bench-calibration clean test-metal-model test-metal
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -109,6 +109,9 @@ bench-dashboard: $(STAMP) ## Dashboard page server times over 1,000,000 stored t
 LOAD_ARGS ?= --workers 1000 --duration 120 --think 30 60
 bench-load: $(STAMP) ## Coordinator under N simulated workers (API only) + database audit; LOAD_ARGS, KERNELFLEET_TEST_POSTGRES_URL
 	$(BIN)/python benchmarks/coordinator_load.py $(if $(KERNELFLEET_TEST_POSTGRES_URL),--postgres $(KERNELFLEET_TEST_POSTGRES_URL)) $(LOAD_ARGS)
+
+bench-request-cost: $(STAMP) ## Coordinator CPU per heartbeat, idle lease poll, lease and 40 KB result (one serve process); KERNELFLEET_TEST_POSTGRES_URL
+	$(BIN)/python benchmarks/request_cost.py $(if $(KERNELFLEET_TEST_POSTGRES_URL),--postgres $(KERNELFLEET_TEST_POSTGRES_URL))
 
 bench-profiles: $(STAMP) ## Profile build and result insert at 1k, 10k, 100k stored results (PostgreSQL)
 	$(BIN)/python benchmarks/profiles.py

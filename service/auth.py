@@ -11,12 +11,24 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import (
+    BindParameter,
+    ColumnElement,
+    Connection,
+    Float,
+    ScalarSelect,
+    Select,
+    Update,
+    bindparam,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session, sessionmaker
 
 from kernelfleet.service.db import db_now, immediate, is_sqlite
@@ -69,6 +81,67 @@ def _find_worker(session: Session, token: str) -> Worker | None:
     return by_digest(session, Worker, token)
 
 
+def _stale(cutoff: ColumnElement[Any]) -> ColumnElement[bool]:
+    return or_(Worker.last_heartbeat_at.is_(None), Worker.last_heartbeat_at < cutoff)
+
+
+def seen(wanted: str | BindParameter[str], cutoff: ColumnElement[Any]) -> Update:
+    """The UPDATE recording that the unrevoked worker whose token digest is ``wanted`` was seen now,
+    when its ``last_heartbeat_at`` is older than ``cutoff`` (a database time)."""
+    return (update(Worker).where(Worker.token_digest == wanted, Worker.revoked_at.is_(None), _stale(cutoff))
+            .values(last_heartbeat_at=db_now()).execution_options(synchronize_session=False))
+
+
+def live_worker_id(wanted: BindParameter[str]) -> ScalarSelect[int]:
+    """The id of the unrevoked worker whose token digest is ``wanted``, as a scalar subquery (NULL for
+    none): a worker's own write, authenticated inside its statement."""
+    return (select(Worker.id).where(Worker.token_digest == wanted, Worker.revoked_at.is_(None))
+            .scalar_subquery())
+
+
+# a worker's token digest and -refresh_after (who_params()), the parameters of the worker's statements
+WHO_DIGEST: BindParameter[str] = bindparam("who_digest")
+WHO_SHIFT: BindParameter[float] = bindparam("who_shift", type_=Float)
+
+
+def _who_query(sqlite: bool, *columns: Any) -> Select[Any]:
+    """The worker whose token digest is ``:who_digest`` (``columns``, then its id, name, digest, revoked
+    time and whether its last-seen time is older than ``now + :who_shift``); on PostgreSQL with
+    :func:`seen` as a CTE (one round trip; the SELECT reads the row as it was)."""
+    wanted, cutoff = WHO_DIGEST, db_now(WHO_SHIFT)
+    query = select(*columns, Worker.id.label("kf_id"), Worker.name.label("kf_name"),
+                   Worker.token_digest.label("kf_digest"), Worker.revoked_at.label("kf_revoked"),
+                   _stale(cutoff).label("kf_stale")).where(Worker.token_digest == wanted)
+    return query if sqlite else query.add_cte(seen(wanted, cutoff).returning(Worker.id).cte("kf_seen"))
+
+
+# built once, executed with parameters: (SQLite?, the ORM entity or the columns a lease needs)
+_WHO = {(sqlite, entity): _who_query(sqlite, *((Worker,) if entity else (Worker.backend, Worker.chip)))
+        for sqlite in (False, True) for entity in (False, True)}
+SEEN = seen(WHO_DIGEST, db_now(WHO_SHIFT))  # with who_params()
+
+
+def who_params(token: str, refresh_after: float) -> dict[str, Any]:
+    return {"who_digest": digest(token), "who_shift": -float(refresh_after)}
+
+
+def _who(execute: Callable[..., Any], token: str | None, refresh_after: float, sqlite: bool,
+         entity: bool) -> Any:
+    """The row of :func:`_who_query` for ``token``'s worker, recorded as seen; 401 for none or revoked."""
+    if token is None:
+        raise Unauthorized(token_refusal(True, None))
+    params = who_params(token, refresh_after)
+    row = execute(_WHO[sqlite, entity], params).first()
+    if row is None or not hmac.compare_digest(row.kf_digest, params["who_digest"]):
+        raise Unauthorized(token_refusal(False, None))
+    if row.kf_revoked is not None:
+        raise Unauthorized(f"worker {row.kf_id} ({row.kf_name}) was revoked; "
+                           f"enroll it again to get a new token")
+    if row.kf_stale and sqlite:
+        execute(SEEN, params)
+    return row
+
+
 def authenticate_worker(session: Session, token: str | None,
                         refresh_after: float = SEEN_EVERY_SECONDS) -> Worker:
     """The worker owning ``token``; records that it was seen (database clock). Raises 401 otherwise.
@@ -77,28 +150,10 @@ def authenticate_worker(session: Session, token: str | None,
     an UPDATE of ``last_heartbeat_at`` only when it is older than ``refresh_after`` seconds (see
     :func:`seen_every`; a write, and a row lock, on every request would serialise a worker's
     concurrent requests and cost a write per heartbeat for nothing). On PostgreSQL the UPDATE is a
-    CTE of the SELECT (one round trip; the SELECT reads the row as it was); on SQLite a statement of
-    its own, when the SELECT found the time stale.
+    CTE of the SELECT; on SQLite a statement of its own, when the SELECT found the time stale.
     """
-    if token is None:
-        raise Unauthorized(token_refusal(True, None))
-    wanted = digest(token)
-    stale = or_(Worker.last_heartbeat_at.is_(None), Worker.last_heartbeat_at < db_now(-refresh_after))
-    touch = (update(Worker).where(Worker.token_digest == wanted, Worker.revoked_at.is_(None), stale)
-             .values(last_heartbeat_at=db_now()).execution_options(synchronize_session=False))
     sqlite = is_sqlite(session.get_bind().engine)
-    query = select(Worker, stale.label("stale")).where(Worker.token_digest == wanted)
-    if not sqlite:
-        query = query.add_cte(touch.returning(Worker.id).cte("kf_seen"))
-    row = session.execute(query).first()
-    if row is None or not hmac.compare_digest(row.Worker.token_digest, wanted):
-        raise Unauthorized(token_refusal(False, None))
-    worker: Worker = row.Worker
-    if worker.revoked_at is not None:
-        raise Unauthorized(f"worker {worker.id} ({worker.name}) was revoked; "
-                           f"enroll it again to get a new token")
-    if row.stale and sqlite:
-        session.execute(touch)
+    worker: Worker = _who(session.execute, token, refresh_after, sqlite, True).Worker
     return worker
 
 
@@ -119,6 +174,25 @@ class WorkerCall:
     def transaction(self) -> Iterator[tuple[Session, Worker]]:
         with self.session_factory() as session, immediate(session):
             yield session, authenticate_worker(session, self.token, self.refresh_after)
+
+    @contextmanager
+    def statements(self) -> Iterator[tuple[Connection, bool]]:
+        """(a Core connection, whether it is SQLite) for a worker's write that authenticates inside its
+        own statements (:func:`live_worker_id`, :func:`seen`): no ORM session, no worker row loaded. On
+        PostgreSQL each statement commits on its own (autocommit: one round trip for a one-statement
+        request); on SQLite they run in one ``BEGIN IMMEDIATE`` transaction, committed on success."""
+        engine = self.session_factory.kw["bind"]
+        if is_sqlite(engine):
+            with engine.connect().execution_options(sqlite_immediate=True) as conn, conn.begin():
+                yield conn, True
+        else:
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                yield conn, False
+
+    def identify(self, conn: Connection, sqlite: bool) -> Any:
+        """In :meth:`statements`: the worker's id (``kf_id``), ``backend`` and ``chip``, recorded as
+        seen (as :func:`authenticate_worker`, without loading the ORM row); 401 for a bad token."""
+        return _who(conn.execute, self.token, self.refresh_after, sqlite, False)
 
 
 def revoke(session: Session, model: type[Tokened], row_id: int, missing: str) -> Tokened:

@@ -23,15 +23,25 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BindParameter, ColumnElement, Float, and_, bindparam, select, update
+from sqlalchemy import BindParameter, ColumnElement, Connection, Float, and_, bindparam, select, update
 from sqlalchemy.orm import Session, aliased
 from sqlalchemy.sql.dml import ReturningUpdate
 
-from kernelfleet.service.auth import LEASE_PREFIX, digest, new_token
+from kernelfleet.service.auth import (
+    LEASE_PREFIX,
+    SEEN,
+    WHO_DIGEST,
+    WorkerCall,
+    digest,
+    live_worker_id,
+    new_token,
+    who_params,
+)
 from kernelfleet.service.campaigns import runtime_settings_request
 from kernelfleet.service.db import db_now
 from kernelfleet.service.errors import Conflict, NotFound
 from kernelfleet.service.models import (
+    Backend,
     Campaign,
     Job,
     JobKind,
@@ -111,22 +121,25 @@ _LEASE = lease_statement(bindparam("targets", expanding=True), bindparam("worker
                          bindparam("token_digest"), bindparam("confirm_seconds", type_=Float))
 
 
-def lease_next(session: Session, worker: Worker, confirm_seconds: float) -> Lease | None:
-    """Lease the next queued job this worker can run, or None when there is none.
+def lease_next(db: Session | Connection, worker_id: int, backend: Backend, chip: str,
+               confirm_seconds: float) -> Lease | None:
+    """Lease the next queued job the worker ``worker_id`` (of ``backend`` and ``chip``) can run, or None
+    when there is none. The lease itself is one atomic statement, so ``db`` may be a session's
+    transaction or a connection in autocommit (:meth:`WorkerCall.statements`).
 
     The lease first runs out after ``confirm_seconds``; the worker's first heartbeat confirms it.
     """
-    targets = runnable_targets(session, worker.backend, worker.chip)
+    targets = runnable_targets(db, backend, chip)
     if not targets:
         return None
     token = new_token(LEASE_PREFIX)
-    row = session.execute(_LEASE, {"targets": targets, "worker_id": worker.id, "token_digest": digest(token),
-                                   "confirm_seconds": float(confirm_seconds)}).first()
+    row = db.execute(_LEASE, {"targets": targets, "worker_id": worker_id, "token_digest": digest(token),
+                              "confirm_seconds": float(confirm_seconds)}).first()
     if row is None:
         return None
     request = None
     if row.kind == JobKind.runtime_settings and row.campaign_id is not None:
-        spec = session.scalar(select(Campaign.spec).where(Campaign.id == row.campaign_id))
+        spec = db.scalar(select(Campaign.spec).where(Campaign.id == row.campaign_id))
         request = runtime_settings_request(spec or {}, row.dtype)
     return Lease(job_id=row.id, lease_token=token, kernel=row.kernel, shape=row.shape, dtype=row.dtype,
                  kind=row.kind, lease_expires_at=row.lease_expires_at, request=request)
@@ -148,6 +161,44 @@ def explain_stale(session: Session, job_id: int, token: str) -> Conflict | NotFo
         return Conflict(f"job {job_id} is dead (it failed {job.attempts} of {job.max_attempts} attempts)")
     return Conflict(f"this lease on job {job_id} is no longer valid (it expired and the job was requeued, "
                     f"or another worker holds it); lease a new job")
+
+
+def _beat_statement(with_seen: bool) -> ReturningUpdate[tuple[datetime]]:
+    """A heartbeat as one statement, authenticated inside it: the lease is extended when the token
+    digest is an unrevoked worker's and the lease token its current lease on the job; ``with_seen``
+    (PostgreSQL) records in a CTE that the worker was seen (SQLite runs :func:`seen` after it)."""
+    statement = (
+        update(Job)
+        .where(Job.id == bindparam("beat_job"), Job.lease_token == bindparam("beat_lease"),
+               Job.state == JobState.leased, Job.leased_by == live_worker_id(WHO_DIGEST))
+        .values(lease_expires_at=db_now(bindparam("beat_seconds", type_=Float)), lease_confirmed=True,
+                updated_at=db_now())
+        .returning(Job.lease_expires_at)
+    )
+    if with_seen:
+        statement = statement.add_cte(SEEN.returning(Worker.id).cte("kf_seen"))
+    return statement
+
+
+# built once, executed with parameters (building and compiling the ORM statements of the generic path
+# was most of a heartbeat's CPU): PostgreSQL, SQLite
+_BEAT = {False: _beat_statement(True), True: _beat_statement(False)}
+
+
+def beat(call: WorkerCall, job_id: int, token: str, lease_seconds: float) -> datetime | None:
+    """The heartbeat's common case in one statement (one round trip on PostgreSQL), or None when it did
+    not apply: no token, a token that is no live worker's, or a lease that is not this worker's current
+    one. Then :func:`heartbeat` in the worker's transaction answers (401, 409, or the extended lease
+    when something changed in between): the statement changed nothing."""
+    if call.token is None:
+        return None
+    params = {**who_params(call.token, call.refresh_after), "beat_job": job_id, "beat_lease": digest(token),
+              "beat_seconds": float(lease_seconds)}
+    with call.statements() as (conn, sqlite):
+        expires: datetime | None = conn.execute(_BEAT[sqlite], params).scalar()
+        if expires is not None and sqlite:
+            conn.execute(SEEN, params)
+    return expires
 
 
 def heartbeat(session: Session, worker: Worker, job_id: int, token: str, lease_seconds: float) -> datetime:

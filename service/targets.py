@@ -13,7 +13,7 @@ import fnmatch
 import json
 import re
 
-from sqlalchemy import select
+from sqlalchemy import Connection, select
 from sqlalchemy.orm import Session
 
 from kernelfleet.service.db import upsert_insert
@@ -53,7 +53,7 @@ def target_id(session: Session, backend: Backend | None, chip: str | None) -> in
     return found
 
 
-def runnable_targets(session: Session, backend: Backend, chip: str) -> list[int]:
+def runnable_targets(db: Session | Connection, backend: Backend, chip: str) -> list[int]:
     """The targets whose jobs a worker with this backend and chip can run."""
-    rows = session.execute(select(JobTarget.id, JobTarget.target_backend, JobTarget.target_chip)).all()
+    rows = db.execute(select(JobTarget.id, JobTarget.target_backend, JobTarget.target_chip)).all()
     return [r.id for r in rows if target_matches(r.target_backend, r.target_chip, backend, chip)]

@@ -39,9 +39,13 @@ router = APIRouter(tags=["leases"])
 
 
 def _try_lease(call: WorkerCall, settings: Settings) -> tuple[Backend, str, leasing.Lease | None]:
-    with call.transaction() as (session, worker):
-        got = leasing.lease_next(session, worker, settings.lease_confirm_seconds)
-        return worker.backend, worker.chip, got
+    """The worker's backend and chip, and the job it leased (None: nothing it can run is queued), in
+    Core statements (no ORM session; on PostgreSQL each its own transaction, the lease one atomic
+    statement): an idle fleet's polls are most of what a coordinator serves."""
+    with call.statements() as (conn, sqlite):
+        me = call.identify(conn, sqlite)
+        return me.backend, me.chip, leasing.lease_next(conn, me.kf_id, me.backend, me.chip,
+                                                       settings.lease_confirm_seconds)
 
 
 def _give_back(call: WorkerCall, got: leasing.Lease) -> None:
@@ -92,8 +96,10 @@ async def _wait(waiters: LeaseWaiters, request: Request, backend: Backend, chip:
 @router.post("/jobs/{job_id}/heartbeat", responses=error_responses(409))
 def heartbeat(job_id: RowId, body: LeaseTokenIn, call: WorkerCallDep, settings: SettingsDep) -> HeartbeatOut:
     """Extend the lease (the first heartbeat also confirms it)."""
-    with call.transaction() as (session, worker):
-        expires = leasing.heartbeat(session, worker, job_id, body.lease_token, settings.lease_seconds)
+    expires = leasing.beat(call, job_id, body.lease_token, settings.lease_seconds)
+    if expires is None:  # not a live worker's current lease: the worker's transaction says why
+        with call.transaction() as (session, worker):
+            expires = leasing.heartbeat(session, worker, job_id, body.lease_token, settings.lease_seconds)
     return HeartbeatOut(lease_expires_at=expires, next_heartbeat_seconds=next_heartbeat(settings))
 
 

@@ -72,3 +72,14 @@ def test_two_results_of_one_new_series_at_once_keep_both_runs(migrated_db_url: s
     stats = _stats(migrated_db_url)
     assert stats["tg=256,vec=4"].runs == 2 and sorted(stats["tg=256,vec=4"].medians_us) == [10.0, 20.0]
     assert stats["builtin"].runs == 2
+
+
+def test_median_rank_is_scipys_binomial_quantile_without_scipy() -> None:
+    """The order-statistic rank of the speedup interval is Binom(n, 1/2)'s 2.5 % quantile, as scipy
+    gives it, for every window size and beyond; computed in exact integers so that storing a result
+    never imports scipy.stats (over a second, holding the GIL, in the first result of a process)."""
+    from scipy.stats import binom
+
+    from kernelfleet.service.aggregates import _median_rank
+
+    assert [_median_rank(n) for n in range(301)] == [int(binom.ppf(0.025, n, 0.5)) for n in range(301)]

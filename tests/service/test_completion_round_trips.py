@@ -7,12 +7,19 @@ On PostgreSQL: the worker's token check (its last-seen time refreshed in a CTE o
 statement), the job's transition, the result row, its trials and its stats rows (an executemany
 each), and the profile request carrying the event and the stored response; one BEGIN and one COMMIT,
 no ping of a connection in steady use: 8 round trips, where 12 or 13 were. On SQLite, in-process,
-the writes run as statements of their own."""
+the writes run as statements of their own.
+
+A heartbeat and a lease, what a fleet of long tunes and an idle fleet mostly send, run as Core
+statements that authenticate inside themselves, in autocommit on PostgreSQL: a heartbeat is one
+statement (the lease extended, the worker's last-seen time refreshed in a CTE of it), a lease three
+(the token check, the targets, the lease), where they were 4 and 5 round trips in a transaction."""
 
 from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -85,19 +92,29 @@ def _result(c: httpx.Client, auth: dict[str, str], got: dict[str, Any]) -> httpx
                                                                 "report": report}, headers=auth)
 
 
+@contextmanager
+def _counted_worker(url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """(client, engine, its counted statements, worker id, worker auth) on a served app whose workers'
+    last-seen time is refreshed when over 0.1 s old (a tenth of the offline threshold)."""
+    settings = fast_settings(url, background_in_server=False, reaper_interval_seconds=3600,
+                             worker_offline_after_seconds=1.0)
+    with serve_in_thread(settings) as (base, app), httpx.Client(base_url=base, timeout=30) as c:
+        engine = app.state.engine
+        counted = Counted(engine, monkeypatch)
+        yield (c, engine, counted, *_worker(c))
+
+
+def _last_seen(engine: Any, worker_id: int) -> Any:
+    with engine.connect() as conn:
+        return conn.scalar(select(Worker.last_heartbeat_at).where(Worker.id == worker_id))
+
+
 def test_a_result_request_costs_a_handful_of_round_trips(migrated_db_url: str,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     sqlite = db.is_sqlite(migrated_db_url)
-    # the worker's last-seen time is refreshed when over 0.1 s old (a tenth of the offline threshold)
-    settings = fast_settings(migrated_db_url, background_in_server=False, reaper_interval_seconds=3600,
-                             worker_offline_after_seconds=1.0)
-    with serve_in_thread(settings) as (url, app), httpx.Client(base_url=url, timeout=30) as c:
-        engine = app.state.engine
-        counted = Counted(engine, monkeypatch)
-        worker_id, auth = _worker(c)
+    with _counted_worker(migrated_db_url, monkeypatch) as (c, engine, counted, worker_id, auth):
         got = _lease(c, auth)
-        with engine.connect() as conn:
-            seen = conn.scalar(select(Worker.last_heartbeat_at).where(Worker.id == worker_id))
+        seen = _last_seen(engine, worker_id)
         time.sleep(0.3)  # the last-seen time is stale: this request refreshes it
         counted.start()
         r = _result(c, auth, got)
@@ -110,8 +127,7 @@ def test_a_result_request_costs_a_handful_of_round_trips(migrated_db_url: str,
         assert counted.statements == (["BEGIN", "SELECT", "UPDATE", *core, "INSERT", "INSERT", "UPDATE"]
                                       if sqlite else ["WITH", *core, "WITH"]), counted.statements
         assert counted.events == {"begin": 1, "commit": 1}, counted.events  # no ping
-        with engine.connect() as conn:
-            assert conn.scalar(select(Worker.last_heartbeat_at).where(Worker.id == worker_id)) > seen
+        assert _last_seen(engine, worker_id) > seen
         # a replay: the token check (stale again), the transition that finds the job done, the result
         time.sleep(0.3)
         counted.start()
@@ -120,6 +136,41 @@ def test_a_result_request_costs_a_handful_of_round_trips(migrated_db_url: str,
         assert replay.status_code == 200 and replay.json() == r.json()
         assert counted.statements == (["BEGIN", "SELECT", "UPDATE", "UPDATE", "SELECT"] if sqlite else
                                       ["WITH", "UPDATE", "SELECT"]), counted.statements
+
+
+def test_a_heartbeat_is_one_statement_and_a_lease_three(migrated_db_url: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    sqlite = db.is_sqlite(migrated_db_url)
+    with _counted_worker(migrated_db_url, monkeypatch) as (c, engine, counted, worker_id, auth):
+        c.post("/api/v1/leases", json={}, headers=auth)  # the pool's first connection made and pinged
+        time.sleep(0.3)  # the last-seen time is stale: the lease refreshes it
+        counted.start()
+        got = c.post("/api/v1/leases", json={}, headers=auth).json()
+        counted.on = False
+        assert got["job_id"]
+        assert counted.statements == (["BEGIN", "SELECT", "UPDATE", "SELECT", "UPDATE"] if sqlite else
+                                      ["WITH", "SELECT", "UPDATE"]), counted.statements
+        # one transaction on SQLite; none on PostgreSQL (each statement commits on its own), no ping
+        assert counted.events["commit"] == (1 if sqlite else 0) and not counted.events["ping"], counted.events
+        seen = _last_seen(engine, worker_id)
+        time.sleep(0.3)
+        counted.start()
+        beat = c.post(f"/api/v1/jobs/{got['job_id']}/heartbeat", json={"lease_token": got["lease_token"]},
+                      headers=auth)
+        counted.on = False
+        assert beat.status_code == 200, beat.text
+        # the lease extended and the worker's last-seen time refreshed: one statement on PostgreSQL
+        wanted = ["BEGIN", "UPDATE", "UPDATE"] if sqlite else ["WITH"]
+        assert counted.statements == wanted, counted.statements
+        assert not counted.events["ping"]
+        assert _last_seen(engine, worker_id) > seen
+        # a stale lease token changes nothing and gets the worker transaction's 409, a bad worker token 401
+        stale = c.post(f"/api/v1/jobs/{got['job_id']}/heartbeat", json={"lease_token": "kfl_stale"},
+                       headers=auth)
+        assert stale.status_code == 409, stale.text
+        bad = c.post(f"/api/v1/jobs/{got['job_id']}/heartbeat", json={"lease_token": got["lease_token"]},
+                     headers={"Authorization": "Bearer kfw_nobody"})
+        assert bad.status_code == 401, bad.text
 
 
 @pytest.mark.postgres
