@@ -1,7 +1,10 @@
 """Job leasing: lease, heartbeat, fail, release and requeue, all on the database clock.
 
 Each function runs inside the caller's transaction (the route's unit of work, opened with
-``BEGIN IMMEDIATE`` on SQLite), so a worker request authenticates and acts in one transaction.
+``BEGIN IMMEDIATE`` on SQLite), so a worker request authenticates and acts in one transaction. The two
+requests a fleet sends most, a heartbeat (:func:`beat`) and a lease (:func:`lease_next` on
+:meth:`~kernelfleet.service.auth.WorkerCall.statements`), run as prebuilt Core statements instead, each
+atomic on its own and authenticating the worker inside itself (in autocommit on PostgreSQL).
 
 A lease is one atomic statement, ``UPDATE jobs ... WHERE id = (pick) RETURNING``. The pick matches
 the worker against the few job targets (:mod:`kernelfleet.service.targets`) and takes, per matching
