@@ -25,10 +25,16 @@ runs MLX's ``mx.fast.rope``, as the layer's own. A layer whose
 projections' views were replaced (``load_weights``), a cache whose offset is not one number (batched
 caches with an offset per sequence), or one sequence where the profile picks nothing at that M runs the
 layer's own code: mlx-lm's modules, MLX's ops, as in the stock model.
+
+The attention half (:func:`attention_half`, :func:`pre_graph`), the launch parameters (:func:`own_launch`,
+:func:`qkv_params`) and the call around the KV cache (:func:`layer_call`) serve Qwen3-MoE's layer block
+too (:mod:`kernelfleet.kernels.patch.model_moe_layer`), whose attention adds per-head norms.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -40,7 +46,7 @@ from ..render.launch import interceptor
 from ..spec import Config, Shape
 from .model_patterns import Call, Router, Site, source_has
 from .model_quant import (
-    ARRAYS,
+    ATTENTION_LINES,
     KERNEL,
     PROJECTIONS,
     QKV,
@@ -89,34 +95,85 @@ def rope_settings(rope: Any) -> tuple[tuple[Any, ...], mx.array | None] | None:
     return None
 
 
+@dataclass(frozen=True)
+class AttentionHalf:
+    """A decoder layer's attention half as a layer block runs it: the input RMSNorm, q/k/v joined, the
+    per-head norms where the layer has them (Qwen3), RoPE, mlx-lm's KV cache and attention, o."""
+
+    k: int  # the hidden size
+    ns: tuple[int, ...]  # the N of q, k and v
+    bits: int  # q/k/v's format
+    group: int
+    heads: int
+    kv_heads: int
+    hd: int  # head dim
+    o_tail: tuple[int, int, int, int]  # o's (K, N, bits, group)
+    rope: tuple[Any, ...]  # mx.fast.rope's settings: dims, traditional, base, scale
+    freqs: mx.array | None  # its freqs (Llama3RoPE), or None
+    eps: float  # the input norm's
+    qk_eps: tuple[float, float] | None  # q_norm's and k_norm's (Qwen3); None: no per-head norms
+    sdpa: Any  # mlx-lm's scaled_dot_product_attention, as the layer's module calls it
+
+    @property
+    def qkv_tail(self) -> tuple[int, int, int, int]:
+        return self.k, sum(self.ns), self.bits, self.group
+
+    @property
+    def head_dims(self) -> tuple[int, int, int]:
+        return self.heads, self.kv_heads, self.hd
+
+
+def attention_half(m: nn.Module, lines: Sequence[str] = ATTENTION_LINES, qk_norm: bool = False
+                   ) -> AttentionHalf | None:
+    """The attention half of decoder layer ``m`` where its ``input_layernorm`` is ``nn.RMSNorm``, its
+    ``self_attn`` an mlx-lm ``Attention`` whose ``__call__`` has ``lines`` with q, k and v in one format
+    (:func:`~kernelfleet.kernels.patch.model_quant.attention_format`), a bias-free quantized ``o_proj`` of the
+    hidden size and a RoPE this block runs in its graph (:func:`rope_settings`), and, with ``qk_norm``,
+    ``q_norm`` and ``k_norm`` ``nn.RMSNorm`` over the head dim; else None."""
+    attn, norm = getattr(m, "self_attn", None), getattr(m, "input_layernorm", None)
+    if not isinstance(attn, nn.Module) or type(norm) is not nn.RMSNorm:
+        return None
+    fmt, o_fmt = attention_format(attn, lines), joined_format([getattr(attn, "o_proj", None)])
+    rope = rope_settings(getattr(attn, "rope", None))
+    if fmt is None or o_fmt is None or rope is None:
+        return None
+    k, ns, bits, group, heads, kv_heads, hd = fmt
+    o_in, (o_out,), o_bits, o_group = o_fmt
+    if (o_in, o_out) != (heads * hd, k):
+        return None
+    qk_eps = None
+    if qk_norm:
+        qk = [getattr(attn, name, None) for name in ("q_norm", "k_norm")]
+        if not all(type(n) is nn.RMSNorm and tuple(n.weight.shape) == (hd,) for n in qk):
+            return None
+        qk_eps = (float(qk[0].eps), float(qk[1].eps))  # type: ignore[union-attr]
+    return AttentionHalf(k, ns, bits, group, heads, kv_heads, hd, (o_in, k, o_bits, o_group), rope[0],
+                         rope[1], float(norm.eps), qk_eps, attention_function(attn))
+
+
 def quantized_decoder_layer(m: nn.Module) -> Site | None:
-    """mlx-lm's llama ``TransformerBlock`` (source checked) whose attention and MLP the projection blocks
-    of :mod:`~kernelfleet.kernels.patch.model_quant` take, whose ``o_proj`` is a bias-free
-    ``QuantizedLinear`` the catalog's kernel takes and whose norms are ``nn.RMSNorm``: the layer as two
-    compiled graphs around the KV cache and attention (the module docstring)."""
+    """mlx-lm's llama ``TransformerBlock`` (source checked) whose attention half the block takes
+    (:func:`attention_half`), whose MLP is a gated MLP of quantized projections
+    (:func:`~kernelfleet.kernels.patch.model_quant.gated_mlp_format`) and whose post-attention norm is
+    ``nn.RMSNorm``: the layer as two compiled graphs around the KV cache and attention (the module
+    docstring)."""
     cls = type(m)
     if not (cls.__module__.startswith("mlx_lm.models.") and cls.__name__ == "TransformerBlock") \
             or not source_has(cls, *LAYER_LINES):
         return None
     attn, mlp = getattr(m, "self_attn", None), getattr(m, "mlp", None)
-    norms = (getattr(m, "input_layernorm", None), getattr(m, "post_attention_layernorm", None))
-    if not isinstance(attn, nn.Module) or not isinstance(mlp, nn.Module) \
-            or not all(type(n) is nn.RMSNorm for n in norms):
+    post_norm = getattr(m, "post_attention_layernorm", None)
+    if not isinstance(mlp, nn.Module) or type(post_norm) is not nn.RMSNorm:
         return None
-    qkv_fmt, mlp_fmt = attention_format(attn), gated_mlp_format(mlp)
-    o_fmt = joined_format([getattr(attn, "o_proj", None)])
-    rope = rope_settings(getattr(attn, "rope", None))
-    if qkv_fmt is None or mlp_fmt is None or o_fmt is None or rope is None:
+    half, mlp_fmt = attention_half(m), gated_mlp_format(mlp)
+    if half is None or mlp_fmt is None:
         return None  # the projection blocks and layers, each on its own, say what runs
-    k, ns, bits, group, heads, kv_heads, hd = qkv_fmt
     act, k_mlp, inter, (gate_up, down) = mlp_fmt
-    o_in, (o_out,), o_bits, o_group = o_fmt
-    if k_mlp != k or (o_in, o_out) != (heads * hd, k):
+    if k_mlp != half.k:
         return None
-    tails = [(k, sum(ns), bits, group), (o_in, k, o_bits, o_group), gate_up, down]
-    (rope_dims, rope_traditional, rope_base, rope_scale), freqs = rope
-    eps = tuple(float(n.eps) for n in norms)  # type: ignore[union-attr]
-    sdpa = attention_function(attn)
+    k, ns, bits, group = half.k, half.ns, half.bits, half.group
+    tails = [half.qkv_tail, half.o_tail, gate_up, down]
+    eps = (half.eps, float(post_norm.eps))
     joined: list[Joined] = []  # q/k/v and gate/up joined, made when the patch is applied
 
     def plan(shape: tuple[int, ...]) -> list[tuple[str, Shape]]:
@@ -133,38 +190,29 @@ def quantized_decoder_layer(m: nn.Module) -> Site | None:
         if not calls or (not router.picks(*((kernel, s, dt) for kernel, s in calls)) and shape[0] <= 1):
             return None  # one sequence and no custom config: mlx-lm's own code, MLX's ops
         params = {kernel: {"eps": e} for kernel, e in zip(NORMS, eps, strict=True)}
-        epilogues = _epilogues(router, calls, shape, dt, (heads, kv_heads, hd), act, eps)
+        epilogues = _epilogues(router, calls, shape, dt, half.head_dims, act, eps)
         resolved = [None if epilogue is None else
                     router.resolved(kernel, s, dt, params.get(kernel, {}), epilogue)
                     for (kernel, s), epilogue in zip(calls, epilogues, strict=True)]
         counters = [got[0] for got in resolved if got is not None]
         runners = tuple(None if got is None else got[1] for got in resolved)
-        dims, rope_key = (heads, kv_heads, hd, inter), (rope_dims, rope_traditional, rope_base, rope_scale)
-        pre, post = _graphs(runners, shape, dims, rope_key)
-        key = (runners, shape, dims, eps, rope_key)
-        pre_graph = router.graph(("layer pre", *key), lambda: mx.compile(pre))
-        post_graph = router.graph(("layer post", *key), lambda: mx.compile(post))
+        pre = pre_graph(half, runners[:2], shape)
+        post = _post_graph(runners[2:], shape, half.head_dims, inter)
+        key = (runners, shape, half.head_dims, inter, eps, half.rope)
+        graphs = ((pre, router.graph(("layer pre", *key), lambda: mx.compile(pre))),
+                  (post, router.graph(("layer post", *key), lambda: mx.compile(post))))
         qkv, gu = joined
-        rope_freqs = () if freqs is None else (freqs,)
+        rope_freqs = () if half.freqs is None else (half.freqs,)
 
-        def call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
-            offset = 0 if cache is None else cache.offset
-            if not (qkv.current() and gu.current()) or type(offset) is not int:
-                return own(self, x, mask, cache)
-            for counter in counters:
-                counter[0] += 1
-            a, plain = self.self_attn, interceptor() is not None  # launches recorded: no trace
-            queries, keys, values = (pre if plain else pre_graph)(
-                x, mx.array(offset, mx.int32), self.input_layernorm.weight, qkv.weight, qkv.scales,
-                qkv.biases, *rope_freqs)
-            if cache is not None:
-                keys, values = cache.update_and_fetch(keys, values)
-            out = sdpa(queries, keys, values, cache=cache, scale=a.scale, mask=mask)
-            o, d = a.o_proj, self.mlp.down_proj
-            return (post if plain else post_graph)(
-                x, out, *(o[name] for name in ARRAYS), self.post_attention_layernorm.weight, gu.weight,
-                gu.scales, gu.biases, *(d[name] for name in ARRAYS))
-        return call
+        def inputs(self: Any) -> tuple[tuple[mx.array, ...], tuple[mx.array, ...]] | None:
+            if not (qkv.current() and gu.current()):
+                return None
+            # item lookups (a module is a dict of its children): no Module.__getattr__ calls
+            o, d = self["self_attn"]["o_proj"], self["mlp"]["down_proj"]
+            return ((self["input_layernorm"]["weight"], qkv.weight, qkv.scales, qkv.biases, *rope_freqs),
+                    (o["weight"], o["scales"], o["biases"], self["post_attention_layernorm"]["weight"],
+                     gu.weight, gu.scales, gu.biases, d["weight"], d["scales"], d["biases"]))
+        return layer_call(own, counters, graphs, half.sdpa, inputs)
 
     def member(s: Shape) -> bool:
         return len(s) == 5 and tuple(s[1:]) in tails
@@ -180,12 +228,30 @@ def quantized_decoder_layer(m: nn.Module) -> Site | None:
     if len({(t[2], t[3]) for t in tails}) > 1:
         formats = (f"{n} {t[2]}-bit group {t[3]}" for n, t in zip(NAMES, tails, strict=True))
         label += f" ({', '.join(formats)})"
-
-    def rows_of(d: int) -> Any:
-        return lambda s: len(s) == 2 and s[1] == d
     families = {KERNEL: member, act: rows_of(inter), **{kernel: rows_of(k) for kernel in NORMS}}
     return Site("quantized decoder layer", families,
                 label, plan, None, bind=bind, describe=named, consumes=CONSUMES, prepare=prepare)
+
+
+def rows_of(d: int) -> Any:
+    """A ``rows x d`` family's member test."""
+    return lambda s: len(s) == 2 and s[1] == d
+
+
+def own_launch(router: Router, call: tuple[str, Shape], dt: Any) -> Config | None:
+    """The config of a quantized matmul ``call`` whose launch does the work around the matmul (qmv,
+    qmv_split: ``quantized_matmul``'s norm prologue and epilogues), else None."""
+    config = router.choice(call[0], call[1], dt)
+    return config if config is not None and config["path"] in ("qmv", "qmv_split") else None
+
+
+def qkv_params(fused_norm: bool, shape: tuple[int, ...], heads: tuple[int, int, int], eps: float
+               ) -> dict[str, Any]:
+    """q/k/v's launch parameters: at one position per sequence q, k and v written as attention holds them
+    (batch, heads, 1, head dim); with ``fused_norm`` (its config is :func:`own_launch`'s) x normalised in the
+    launch."""
+    one = shape[1] == 1
+    return {**({"heads": (shape[0], *heads)} if one else {}), **({"norm": eps} if fused_norm else {})}
 
 
 def _epilogues(router: Router, calls: list[tuple[str, Shape]], shape: tuple[int, ...], dt: Any,
@@ -194,62 +260,110 @@ def _epilogues(router: Router, calls: list[tuple[str, Shape]], shape: tuple[int,
     epilogues and RMSNorm prologue: MLX's ops around the matmul where its config does not do them), None
     for a norm or the activation that a quantized matmul's launch does instead. Where q/k/v's config is
     qmv or qmv_split its launch normalises x; at one position per sequence it writes q, k and v as attention
-    holds them (batch, heads, 1, head dim). Where gate/up's is, o adds the residual and gate/up's launch
+    holds them (:func:`qkv_params`). Where gate/up's is, o adds the residual and gate/up's launch
     normalises the sum, and at 2 or more rows a warp (a gate row and its up row in one warp) computes the
     activation. down adds the residual. Every MLX primitive a decode step leaves out is host time it does
     not pay (``benchmarks/host_cost.py``)."""
-    qkv_call, gate_up_call = calls[1], calls[4]
-
-    def own_path(call: tuple[str, Shape]) -> Config | None:  # a config whose launch does the extra work
-        config = router.choice(call[0], call[1], dt)
-        return config if config is not None and config["path"] in ("qmv", "qmv_split") else None
-
-    qkv, gate_up = own_path(qkv_call), own_path(gate_up_call)
+    qkv, gate_up = own_launch(router, calls[1], dt), own_launch(router, calls[4], dt)
     fused_act = act in quantized_matmul_kernel.GLUS and gate_up is not None and int(gate_up["rpw"]) >= 2
-    one = shape[1] == 1  # one position per sequence: q/k/v's rows are the batch
-    qkv_params = {**({"heads": (shape[0], *heads)} if one else {}), **({"norm": eps[0]} if qkv else {})}
     gate_up_params = {**({"glu": act} if fused_act else {}), **({"norm": eps[1]} if gate_up else {})}
-    return [None if qkv else {}, qkv_params, {"residual": True} if gate_up else {}, None if gate_up else {},
+    return [None if qkv else {}, qkv_params(qkv is not None, shape, heads, eps[0]),
+            {"residual": True} if gate_up else {}, None if gate_up else {},
             gate_up_params, None if fused_act else {}, {"residual": True}]
 
 
-def _graphs(runners: tuple[Any, ...], shape: tuple[int, ...], dims: tuple[int, int, int, int],
-            rope: tuple[Any, ...]) -> tuple[Any, Any]:
-    """The layer's two graphs on ``x`` of ``shape`` (batch, L, K) through ``runners`` (in the order of the
-    block's plan, with :func:`_epilogues`' parameters; None for a norm or the activation a quantized matmul's
-    launch does), to be ``mx.compile``d."""
-    norm_run, qkv_run, o_run, add_norm_run, gate_up_run, act_run, down_run = runners
-    heads, kv_heads, hd, inter = dims
+def pre_graph(half: AttentionHalf, runners: Sequence[Any], shape: tuple[int, ...]) -> Any:
+    """The layer's graph before the KV cache on ``x`` of ``shape`` (batch, L, K), to be ``mx.compile``d:
+    the input norm (``runners[0]``; None where q/k/v's launch normalises x), q/k/v joined (``runners[1]``),
+    the split into heads, the per-head norms (``runners[2:4]``, Qwen3) and RoPE on q and k. Its inputs:
+    x, RoPE's offset (an array: one graph serves every position), the input norm's weight, q/k/v's joined
+    weight, scales and biases, then q_norm's and k_norm's weights where the layer has them, then RoPE's
+    freqs where it has them. Its outputs: queries, keys and values, and x as rows (batch * L, K) for the
+    post graph's residual (one reshape a layer, not two)."""
+    norm_run, qkv_run, *qk_runs = runners
+    heads, kv_heads, hd = half.head_dims
     b, length, k = shape
     rows = b * length
     one = length == 1  # q/k/v come out of their matmul as attention holds them
-    rope_dims, traditional, base, scale = rope
+    rope_dims, traditional, base, scale = half.rope
 
     def pre(x: mx.array, offset: mx.array, norm: mx.array, w: mx.array, s: mx.array, bi: mx.array,
-            *freqs: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+            *rest: mx.array) -> tuple[mx.array, mx.array, mx.array, mx.array]:
         rows_in = x.reshape(rows, k)
         if norm_run is None:  # q/k/v's launch normalises x
             qkv = qkv_run([rows_in, w, s, bi, norm])
         else:
             qkv = qkv_run([norm_run([rows_in, norm])[0], w, s, bi])
+        per_head = None
+        if qk_runs:  # q_norm and k_norm over the head dim, before RoPE
+            (q_run, k_run), (q_w, k_w), rest = qk_runs, rest[:2], rest[2:]
+
+            def per_head(q: mx.array, keys: mx.array) -> tuple[mx.array, mx.array]:
+                return q_run([q, q_w])[0], k_run([keys, k_w])[0]
         if one:
             q, keys, values = qkv
+            if per_head is not None:
+                q, keys = per_head(q, keys)
         else:
-            q, keys, values = split_heads(qkv[0], b, length, heads, kv_heads, hd)
-        f = freqs[0] if freqs else None
+            q, keys, values = split_heads(qkv[0], b, length, heads, kv_heads, hd, per_head)
+        f = rest[0] if rest else None
         q, keys = (mx.fast.rope(t, rope_dims, traditional=traditional, base=base, scale=scale, offset=offset,
                                 freqs=f) for t in (q, keys))
-        return q, keys, values
+        return q, keys, values, rows_in
+    return pre
+
+
+Inputs = Callable[[Any], "tuple[tuple[mx.array, ...], tuple[mx.array, ...]] | None"]
+
+
+def layer_call(own: Call, counters: Sequence[list[int]], graphs: tuple[tuple[Any, Any], tuple[Any, Any]],
+               sdpa: Any, inputs: Inputs) -> Call:
+    """A layer block's ``__call__``: the pre graph (:func:`pre_graph`), mlx-lm's own
+    ``cache.update_and_fetch`` and ``scaled_dot_product_attention`` as its layer calls them, the post graph
+    (on x as rows, from the pre graph, and attention's output). ``graphs``: (plain, compiled) of each; the
+    plain ones run while launches are recorded (``launch.capture``: no trace). ``inputs(self)``: the arrays
+    of each graph after its own (x and the offset; x and attention's output), or None where the layer no
+    longer holds what the block was made for (new weights: ``load_weights``), which then runs its own code,
+    as does a cache whose offset is not one number (an offset per sequence)."""
+    (pre_plain, pre_compiled), (post_plain, post_compiled) = graphs
+
+    def call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        offset = 0 if cache is None else cache.offset
+        arrays = inputs(self)
+        if arrays is None or type(offset) is not int:
+            return own(self, x, mask, cache)
+        for counter in counters:
+            counter[0] += 1
+        plain = interceptor() is not None
+        queries, keys, values, x_rows = (pre_plain if plain else pre_compiled)(x, mx.array(offset, mx.int32),
+                                                                               *arrays[0])
+        if cache is not None:
+            keys, values = cache.update_and_fetch(keys, values)
+        out = sdpa(queries, keys, values, cache=cache, scale=self["self_attn"].scale, mask=mask)
+        result: mx.array = (post_plain if plain else post_compiled)(x_rows, out, *arrays[1])
+        return result
+    return call
+
+
+def _post_graph(runners: tuple[Any, ...], shape: tuple[int, ...], heads: tuple[int, int, int], inter: int
+                ) -> Any:
+    """The llama layer's graph after attention on ``x`` (batch * L, K) through ``runners`` (o,
+    add_rmsnorm, gate/up, the activation, down, with :func:`_epilogues`' parameters; None for a norm or the
+    activation a quantized matmul's launch does), to be ``mx.compile``d."""
+    o_run, add_norm_run, gate_up_run, act_run, down_run = runners
+    n_heads, _, hd = heads
+    b, length, k = shape
+    rows = b * length
+    one = length == 1  # attention's output (batch, heads, 1, head dim) is already (rows, heads * head dim)
 
     def post(x: mx.array, attn: mx.array, ow: mx.array, os_: mx.array, ob: mx.array, norm: mx.array,
              gw: mx.array, gs: mx.array, gb: mx.array, dw: mx.array, ds: mx.array, db: mx.array) -> mx.array:
-        # (batch, heads, L, head dim) -> (rows, heads * head dim); at one position a reshape alone
-        a = (attn if one else attn.transpose(0, 2, 1, 3)).reshape(rows, heads * hd)
+        a = attention_rows(attn, one, rows, n_heads * hd)
         if add_norm_run is None:  # o adds the residual, gate/up's launch normalises the sum
-            h = o_run([a, ow, os_, ob, x.reshape(rows, k)])[0]
+            h = o_run([a, ow, os_, ob, x])[0]
             gate_up_in = [h, gw, gs, gb, norm]
         else:
-            normed, h = add_norm_run([x.reshape(rows, k), o_run([a, ow, os_, ob])[0], norm])
+            normed, h = add_norm_run([x, o_run([a, ow, os_, ob])[0], norm])
             gate_up_in = [normed, gw, gs, gb]
         if act_run is None:
             mid = gate_up_run(gate_up_in)[0]
@@ -258,4 +372,10 @@ def _graphs(runners: tuple[Any, ...], shape: tuple[int, ...], dims: tuple[int, i
             mid = act_run([gu[:, :inter], gu[:, inter:]])[0]
         out: mx.array = down_run([mid, dw, ds, db, h])[0].reshape(b, length, k)
         return out
-    return pre, post
+    return post
+
+
+def attention_rows(attn: mx.array, one: bool, rows: int, n: int) -> mx.array:
+    """Attention's output (batch, heads, L, head dim) as o's input rows (batch * L, heads * head dim); at one
+    position a reshape alone."""
+    return (attn if one else attn.transpose(0, 2, 1, 3)).reshape(rows, n)

@@ -3,8 +3,8 @@ routing and quantized linear layers through the catalog kernels this chip's prof
 ``kernelfleet.unpatch(model)``.
 
 Walks the model as ``zmlx.patch`` does and matches the patterns of
-:mod:`kernelfleet.kernels.patch.model_patterns`, :mod:`kernelfleet.kernels.patch.model_quant` and
-:mod:`kernelfleet.kernels.patch.model_layer`. For each
+:mod:`kernelfleet.kernels.patch.model_patterns`, :mod:`kernelfleet.kernels.patch.model_quant`,
+:mod:`kernelfleet.kernels.patch.model_layer` and :mod:`kernelfleet.kernels.patch.model_moe_layer`. For each
 match the profile decides, per kernel and model dimension (e.g. rmsnorm ``rows x 4096`` in bfloat16,
 any token count):
 
@@ -37,13 +37,14 @@ import mlx.nn as nn
 from ..common import dtype_name
 from . import runtime
 from .model_layer import quantized_decoder_layer
+from .model_moe_layer import quantized_moe_decoder_layer
 from .model_patterns import PATTERNS, KernelSwiGLU, Router, Site, wrap
 from .model_quant import BLOCKS
 from .model_quant import PATTERNS as QUANTIZED_PATTERNS
 from .profile_view import DEFAULT_MIN_CONFIDENCE, ProfileView, load
 
 # blocks first: a block takes over the modules it holds (a module takes the first pattern that matches it)
-QUANTIZED_BLOCKS = (quantized_decoder_layer, *BLOCKS)
+QUANTIZED_BLOCKS = (quantized_decoder_layer, quantized_moe_decoder_layer, *BLOCKS)
 
 ATTR = "_kernelfleet_patch"
 

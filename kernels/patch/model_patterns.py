@@ -218,16 +218,18 @@ def wrap(site: Site, router: Router, orig: Call) -> Call:
 
 
 @cache
-def source_has(cls: type, *lines: str) -> bool:
-    """Whether ``cls.__call__``'s source contains every line (whitespace-insensitive)."""
+def source_has(obj: Any, *lines: str) -> bool:
+    """Whether the source of ``obj.__call__`` (a class) or of ``obj`` (a function) contains every line
+    (whitespace-insensitive)."""
     try:
-        src = " ".join(inspect.getsource(cls.__call__).split())
+        src = " ".join(inspect.getsource(obj.__call__ if isinstance(obj, type) else obj).split())
     except (OSError, TypeError):
         return False
     return all(" ".join(line.split()) in src for line in lines)
 
 
-def _mlx_lm(module: nn.Module, *names: str) -> bool:
+def mlx_lm_class(module: Any, *names: str) -> bool:
+    """Whether ``module`` is of an mlx-lm model class of one of these names."""
     cls = type(module)
     return cls.__module__.startswith("mlx_lm.models.") and cls.__name__ in names
 
@@ -279,7 +281,8 @@ def rope(m: nn.Module) -> Site | None:
                 plan, call)
 
 
-def _swiglu_fn() -> Any:
+def swiglu_fn() -> Any:
+    """mlx-lm's own ``activations.swiglu`` (imported when first asked for)."""
     from mlx_lm.models import activations
 
     return activations.swiglu
@@ -295,11 +298,11 @@ def gated_activation(m: nn.Module) -> str | None:
     """The catalog kernel of the activation of mlx-lm's dense gated MLP ``m`` (its ``__call__`` is
     ``down_proj(act(gate_proj(x)) * up_proj(x))`` with mlx-lm's own ``swiglu`` or ``nn.gelu_approx``),
     or None when ``m`` is not such an MLP."""
-    if not _mlx_lm(m, "MLP"):
+    if not mlx_lm_class(m, "MLP"):
         return None
     kernel = next((k for line, k in GATED_MLPS.items() if source_has(type(m), line)), None)
     names = vars(inspect.getmodule(type(m)) or nn)
-    if kernel is None or (kernel == "swiglu" and names.get("swiglu") is not _swiglu_fn()) \
+    if kernel is None or (kernel == "swiglu" and names.get("swiglu") is not swiglu_fn()) \
             or (kernel == "geglu" and names.get("nn") is not nn):
         return None
     return kernel
@@ -333,12 +336,17 @@ class KernelSwiGLU(nn.Module):
         return self._call(self._original, x, gate)
 
 
+def stock_swiglu(act: Any) -> bool:
+    """Whether ``act`` is mlx-lm's ``SwiGLU`` (``SwitchGLU``'s default activation): ``swiglu(gate, x)``
+    with mlx-lm's own ``activations.swiglu``."""
+    return isinstance(act, nn.Module) and mlx_lm_class(act, "SwiGLU") \
+        and source_has(type(act), "return swiglu(gate, x)") \
+        and vars(inspect.getmodule(type(act)) or nn).get("swiglu") is swiglu_fn()
+
+
 def switch_glu(m: nn.Module) -> Site | None:
     """mlx-lm's ``SwitchGLU`` (MoE experts) with the stock ``SwiGLU`` activation."""
-    if not _mlx_lm(m, "SwitchGLU"):
-        return None
-    act = getattr(m, "activation", None)
-    if not _mlx_lm(act, "SwiGLU") or not source_has(type(act), "return swiglu(gate, x)"):  # type: ignore[arg-type]
+    if not mlx_lm_class(m, "SwitchGLU") or not stock_swiglu(getattr(m, "activation", None)):
         return None
     inter = int(m.gate_proj.weight.shape[-2])
 
@@ -348,15 +356,29 @@ def switch_glu(m: nn.Module) -> Site | None:
                 lambda shape: [("swiglu", (prod(shape[:-1]), inter))], call, replace_child="activation")
 
 
+# mlx-lm's Qwen3MoeSparseMoeBlock.__call__ (mlx-lm 0.32): the router's softmax, top k and normalisation,
+# the experts and the weighted combine (moe_router; model_moe_layer runs all of it in one graph)
+QWEN3_MOE_LINES = (
+    "if self.sharding_group is not None: x = sum_gradients(self.sharding_group)(x)",
+    "gates = self.gate(x)",
+    "gates = mx.softmax(gates, axis=-1, precise=True)",
+    "k = self.top_k",
+    "inds = mx.argpartition(gates, kth=-k, axis=-1)[..., -k:]",
+    "inds = mx.stop_gradient(inds)",
+    "scores = mx.take_along_axis(gates, inds, axis=-1)",
+    "if self.norm_topk_prob: scores /= mx.sum(scores, axis=-1, keepdims=True)",
+    "y = self.switch_mlp(x, inds)",
+    "y = (y * scores[..., None]).sum(axis=-2).astype(y.dtype)",
+    "if self.sharding_group is not None: y = mx.distributed.all_sum(y, group=self.sharding_group)",
+    "return y",
+)
+
+
 def moe_router(m: nn.Module) -> Site | None:
     """Qwen3-MoE and Mixtral sparse blocks: router softmax + top-k, the experts, the weighted combine."""
-    if _mlx_lm(m, "Qwen3MoeSparseMoeBlock") and source_has(
-            type(m), "gates = mx.softmax(gates, axis=-1, precise=True)",
-            "inds = mx.argpartition(gates, kth=-k, axis=-1)[..., -k:]",
-            "scores /= mx.sum(scores, axis=-1, keepdims=True)", "y = self.switch_mlp(x, inds)",
-            "y = (y * scores[..., None]).sum(axis=-2).astype(y.dtype)"):
+    if mlx_lm_class(m, "Qwen3MoeSparseMoeBlock") and source_has(type(m), *QWEN3_MOE_LINES):
         k, normalize = int(m.top_k), bool(m.norm_topk_prob)
-    elif _mlx_lm(m, "MixtralSparseMoeBlock") and source_has(
+    elif mlx_lm_class(m, "MixtralSparseMoeBlock") and source_has(
             type(m), "inds = mx.stop_gradient(mx.argpartition(-gates, kth=k - 1, axis=-1)[..., :k])",
             "scores = mx.softmax(scores, axis=-1, precise=True)", "y = self.switch_mlp(x, inds)",
             "y = (y * scores[..., None]).sum(axis=-2)"):

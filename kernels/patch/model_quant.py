@@ -32,7 +32,7 @@ mlx-lm's ``QuantizedSwitchLinear`` (MoE experts, ``mx.gather_qmm``) runs the cat
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -205,23 +205,30 @@ QUANTIZED_EXPERTS_LINES = (
 )
 
 
+def experts_format(m: Any) -> tuple[int, int, int, int, int] | str | None:
+    """(K, N, E, bits, group_size) of mlx-lm's ``QuantizedSwitchLinear`` (its ``__call__`` checked), why the
+    catalog's kernel cannot take it, or None for any other module."""
+    cls: type = type(m)
+    if not (cls.__module__.startswith("mlx_lm.models.") and cls.__name__ == "QuantizedSwitchLinear"):
+        return None
+    fmt = layer_format(m, experts=True)
+    if not isinstance(fmt, str) and not source_has(cls, *QUANTIZED_EXPERTS_LINES):
+        return "QuantizedSwitchLinear.__call__ is not the computation this patch replaces"
+    return fmt
+
+
 def quantized_experts(m: nn.Module) -> Site | None:
     """mlx-lm's ``QuantizedSwitchLinear`` (MoE experts, ``mx.gather_qmm``) through the catalog's
     ``gather_quantized_matmul``, which takes (token, expert) pairs sorted by expert: the calls
     ``SwitchGLU`` makes once it routes 64 pairs or more (prefill, larger batches), with ``x`` of
     ``(T, 1, K)`` and ``T`` indices. Its unsorted calls (decode) keep MLX's op."""
-    cls = type(m)
-    if not (cls.__module__.startswith("mlx_lm.models.") and cls.__name__ == "QuantizedSwitchLinear"):
+    fmt = experts_format(m)
+    if fmt is None:
         return None
-    fmt = layer_format(m, experts=True)
     if isinstance(fmt, str):
         return Site("quantized experts", {}, _format_label(m), lambda shape: [], None,
                     refusal=f"kept MLX's gather_qmm: {fmt}")
     k, n, e, bits, group = fmt
-    if not source_has(cls, *QUANTIZED_EXPERTS_LINES):
-        return Site("quantized experts", {}, f"{e} experts, {k} -> {n}", lambda shape: [], None,
-                    refusal="kept MLX's gather_qmm: QuantizedSwitchLinear.__call__ is not the computation "
-                            "this patch replaces")
     tail = (k, n, e, bits, group)
 
     def pairs(shape: tuple[int, ...]) -> int | None:
@@ -430,12 +437,14 @@ def attention_function(m: nn.Module) -> Any:
     return vars(inspect.getmodule(type(m)) or nn).get("scaled_dot_product_attention")
 
 
-def attention_format(m: nn.Module) -> tuple[int, tuple[int, ...], int, int, int, int, int] | None:
-    """(K, the N of q, k and v, bits, group, heads, KV heads, head dim) where ``m`` is mlx-lm's llama
-    ``Attention`` (its source checked) whose q, k and v are bias-free ``QuantizedLinear`` layers of one
-    format the catalog's kernel takes; else None."""
+def attention_format(m: nn.Module, lines: Sequence[str] = ATTENTION_LINES
+                     ) -> tuple[int, tuple[int, ...], int, int, int, int, int] | None:
+    """(K, the N of q, k and v, bits, group, heads, KV heads, head dim) where ``m`` is an mlx-lm
+    ``Attention`` whose ``__call__`` has ``lines`` (llama's by default; Qwen3-MoE's:
+    :data:`kernelfleet.kernels.patch.model_moe_layer.ATTENTION_LINES`) and whose q, k and v are bias-free
+    ``QuantizedLinear`` layers of one format the catalog's kernel takes; else None."""
     if not (type(m).__module__.startswith("mlx_lm.models.") and type(m).__name__ == "Attention") \
-            or not source_has(type(m), *ATTENTION_LINES) or attention_function(m) is None:
+            or not source_has(type(m), *lines) or attention_function(m) is None:
         return None
     fmt = joined_format([getattr(m, name, None) for name in QKV])
     if fmt is None:
@@ -448,13 +457,17 @@ def attention_format(m: nn.Module) -> tuple[int, tuple[int, ...], int, int, int,
     return k, ns, bits, group, heads, kv_heads, hd
 
 
-def split_heads(qkv: mx.array, b: int, length: int, heads: int, kv_heads: int, hd: int
+def split_heads(qkv: mx.array, b: int, length: int, heads: int, kv_heads: int, hd: int,
+                norm: Callable[[mx.array, mx.array], tuple[mx.array, mx.array]] | None = None
                 ) -> tuple[mx.array, mx.array, mx.array]:
     """Joined q/k/v rows (``b * length`` x their N) as mlx-lm's attention hands them on: queries, keys and
-    values of ``(b, heads, length, hd)``."""
+    values of ``(b, heads, length, hd)``. ``norm``: what Qwen3's attention does to queries and keys of
+    ``(b, length, heads, hd)`` before the transpose (its per-head ``q_norm`` and ``k_norm``)."""
     t = qkv.reshape(b, length, heads + 2 * kv_heads, hd)
-    return (t[:, :, :heads].transpose(0, 2, 1, 3), t[:, :, heads:heads + kv_heads].transpose(0, 2, 1, 3),
-            t[:, :, heads + kv_heads:].transpose(0, 2, 1, 3))
+    q, k, v = t[:, :, :heads], t[:, :, heads:heads + kv_heads], t[:, :, heads + kv_heads:]
+    if norm is not None:
+        q, k = norm(q, k)
+    return q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
 
 def quantized_attention(m: nn.Module) -> Site | None:

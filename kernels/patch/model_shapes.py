@@ -47,6 +47,7 @@ class Architecture:
     moe_block: str = "mlp"  # the sparse block's attribute in a decoder layer
     tied_head: bool | None = True  # tie_word_embeddings when the config does not say (None: always tied)
     joined_qkv: bool = False  # mlx-lm's llama Attention: q, k, v joined by the patch (model_quant)
+    sparse_joined_qkv: bool = False  # q, k, v joined in sparse layers (Qwen3-MoE's block: model_moe_layer)
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -55,7 +56,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     "qwen2": Architecture("qwen2"),
     "qwen3": Architecture("qwen3", qk_norm=True),
     "qwen3_moe": Architecture("qwen3_moe", qk_norm=True, moe=True, experts_field="num_experts",
-                              expert_size_field="moe_intermediate_size"),
+                              expert_size_field="moe_intermediate_size", sparse_joined_qkv=True),
     "mixtral": Architecture("mixtral", moe=True, experts_field="num_local_experts",
                             expert_size_field="intermediate_size", moe_block="block_sparse_moe",
                             tied_head=False),
@@ -218,13 +219,13 @@ def linear_layers(config: dict[str, Any], arch: Architecture, dims: dict[str, in
     dense_only = config.get("mlp_only_layers") or []
     for i in range(int(config["num_hidden_layers"])):
         at = f"model.layers.{i}"
-        qkv = f"{at}.qkv" if arch.joined_qkv else ""
+        sparse = arch.moe and i not in dense_only and isinstance(sparse_step, int) and sparse_step > 0 \
+            and (i + 1) % sparse_step == 0
+        qkv = f"{at}.qkv" if arch.joined_qkv or (arch.sparse_joined_qkv and sparse) else ""
         layers += [model_linears.Linear(f"{at}.self_attn.q_proj", hidden, heads * hd, join=qkv),
                    model_linears.Linear(f"{at}.self_attn.k_proj", hidden, kv * hd, join=qkv),
                    model_linears.Linear(f"{at}.self_attn.v_proj", hidden, kv * hd, join=qkv),
                    model_linears.Linear(f"{at}.self_attn.o_proj", heads * hd, hidden)]
-        sparse = arch.moe and i not in dense_only and isinstance(sparse_step, int) and sparse_step > 0 \
-            and (i + 1) % sparse_step == 0
         if sparse:
             block = f"{at}.{arch.moe_block}"
             layers.append(model_linears.Linear(f"{block}.gate", hidden, dims["experts"]))

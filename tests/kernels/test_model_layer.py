@@ -70,10 +70,17 @@ def test_the_layer_is_one_block_and_keeps_the_logits(config: dict[str, Any], bit
     # the prefill and the decode step: four quantized matmuls with the profile's config each, the
     # norms and the activation (untuned) the built-in
     assert all(m.calls == {"custom": 8, "builtin": 6, "module": 0} for m in layers), [m.calls for m in layers]
+    unpatched_is_stock(model, stock, PROMPT)
+
+
+def unpatched_is_stock(model: Any, stock: list[mx.array], tokens: list[int]) -> None:
+    """``kernelfleet.unpatch`` gives every layer its own class back, and the model stock's logits."""
     kernelfleet.unpatch(model)
     linears = [q for _, q in model.named_modules() if isinstance(q, nn.QuantizedLinear)]
     assert linears and all(type(q) is nn.QuantizedLinear for q in linears)
-    assert all(close(a, b) <= LOGIT_TOL for a, b in zip(stock, logits(model, PROMPT), strict=True))
+    assert all("__call__" not in vars(type(layer)) or type(layer).__module__.startswith("mlx_lm.")
+               for layer in model.layers)
+    assert all(close(a, b) <= LOGIT_TOL for a, b in zip(stock, logits(model, tokens), strict=True))
 
 
 def test_greedy_decoding_keeps_stocks_tokens() -> None:
@@ -169,11 +176,11 @@ def _decode_profile(config: dict[str, Any], bits: int, group: int) -> dict[str, 
     return profile
 
 
-def test_a_decode_step_with_custom_kernels_writes_the_epilogues(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With custom kernels (the Metal emulator as the GPU), a decode step's layer launches four quantized
-    matmuls and nothing between them but MLX's RoPE, KV cache and attention: q/k/v's normalises x and
-    leaves q, k and v in attention's layout, o's adds the residual, gate/up's normalises that and computes
-    the activation, down's adds the residual. The logits stay the stock model's."""
+def emulated_step(monkeypatch: pytest.MonkeyPatch, model: Any, profile: dict[str, Any]
+                  ) -> tuple[mx.array, mx.array, list[str]]:
+    """A decode step after PROMPT where the Metal emulator is the GPU: (stock's logits, the logits patched
+    with ``profile``, the patched step's launches by kernel name without the hash). Skips the test where
+    the emulator cannot run (it needs clang++)."""
     from kernelfleet.kernels.patch import runtime
     from kernelfleet.kernels.render.launch import capture, intercept
     from kernelfleet.kernels.testing.metal_emu import Emulator
@@ -182,7 +189,6 @@ def test_a_decode_step_with_custom_kernels_writes_the_epilogues(monkeypatch: pyt
     emu = MetalEmuBackend(Emulator(seed=0))
     if not emu.available():
         pytest.skip("the Metal emulator needs clang++")
-    model = build(LLAMA, 4, 32)
     cache = make_prompt_cache(model)
     model(mx.array([PROMPT]), cache=cache)
     mx.eval([c.state for c in cache])
@@ -192,22 +198,28 @@ def test_a_decode_step_with_custom_kernels_writes_the_epilogues(monkeypatch: pyt
         c.offset -= 1
     monkeypatch.setattr(runtime, "target", lambda: runtime.Target("Apple M3 Max", "metal"))
     runtime.clear_caches()
-    kernelfleet.patch(model, profile=_decode_profile(LLAMA, 4, 32))
+    kernelfleet.patch(model, profile=profile)
     try:
         with capture() as launches:
             model(mx.array([[11]]), cache=cache)
         for c in cache:
             c.offset -= 1
-        kinds = [r.rendered.name.split("_")[1] for r in launches]
-        layer = ["qmv", "qmv", "qmv", "qmv"]
-        # norm + q/k/v in heads; o + residual; norm + gate/up + activation; down + residual
-        assert [r.rendered.name.rsplit("_", 1)[0] for r in launches[:4]] == \
-            ["kf_qmv_heads_norm", "kf_qmv_residual", "kf_qmv_swiglu_norm", "kf_qmv_residual"], kinds
-        assert kinds == layer * 2 + ["qmv"], kinds  # two layers, then the LM head
         with intercept(emu.launch):
             patched = model(mx.array([[11]]), cache=cache)
             mx.eval(patched)
     finally:
         kernelfleet.unpatch(model)
         runtime.clear_caches()
+    return stock, patched, [r.rendered.name.rsplit("_", 1)[0] for r in launches]
+
+
+def test_a_decode_step_with_custom_kernels_writes_the_epilogues(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With custom kernels (the Metal emulator as the GPU), a decode step's layer launches four quantized
+    matmuls and nothing between them but MLX's RoPE, KV cache and attention: q/k/v's normalises x and
+    leaves q, k and v in attention's layout, o's adds the residual, gate/up's normalises that and computes
+    the activation, down's adds the residual. The logits stay the stock model's."""
+    stock, patched, names = emulated_step(monkeypatch, build(LLAMA, 4, 32), _decode_profile(LLAMA, 4, 32))
+    # norm + q/k/v in heads; o + residual; norm + gate/up + activation; down + residual
+    layer = ["kf_qmv_heads_norm", "kf_qmv_residual", "kf_qmv_swiglu_norm", "kf_qmv_residual"]
+    assert names == layer * 2 + ["kf_qmv"], names  # two layers, then the LM head
     assert close(stock, patched) <= LOGIT_TOL

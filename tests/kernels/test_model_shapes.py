@@ -198,14 +198,13 @@ def test_quantized_moe_plans_attention_router_and_experts() -> None:
     q: dict[str, Any] = {"group_size": 64, "bits": 4, "mode": "affine"}
     q.update({f"model.layers.{i}.mlp.gate": {"group_size": 64, "bits": 8} for i in range(48)})
     plan = derive({**c, "quantization": q}, decode=(1, 8), prefill=(2048,))
+    # q, k and v joined: the MoE layer block runs them as one matmul (model_moe_layer)
     assert plan.sites["quantized_matmul"] == [
-        "2048 -> 4096, 4-bit group 64: model.layers.*.self_attn.q_proj x48",
-        "2048 -> 512, 4-bit group 64: model.layers.*.self_attn.k_proj x48, "
-        "model.layers.*.self_attn.v_proj x48",
+        "2048 -> 5120, 4-bit group 64: model.layers.*.self_attn.q_proj+k_proj+v_proj x48",
         "4096 -> 2048, 4-bit group 64: model.layers.*.self_attn.o_proj x48",
         "2048 -> 128, 8-bit group 64: model.layers.*.mlp.gate x48",
         "2048 -> 151936, 4-bit group 64: lm_head"]
-    assert plan.kernel_shapes["quantized_matmul"][18:24] == [fmt(m, 2048, 128, 8, 64)
+    assert plan.kernel_shapes["quantized_matmul"][12:18] == [fmt(m, 2048, 128, 8, 64)
                                                              for m in (1, 2, 3, 4, 8, 2048)]
     assert plan.kernel_shapes["gather_quantized_matmul"] == [
         fmt(t, k, n, 128, 4, 64) for k, n in ((2048, 768), (768, 2048)) for t in (64, 16384)]
@@ -217,6 +216,13 @@ def test_quantized_moe_plans_attention_router_and_experts() -> None:
                plan.notes)
     for s in plan.kernel_shapes["gather_quantized_matmul"]:
         get_spec("gather_quantized_matmul").validate_shape(parse_shape(s))
+    # a dense layer (mlp_only_layers) is no layer block: its q, k and v run alone
+    dense = derive({**c, "num_hidden_layers": 2, "mlp_only_layers": [1], "quantization": q}, decode=(1,),
+                   prefill=(), verify=())
+    assert {"2048 -> 5120, 4-bit group 64: model.layers.0.self_attn.q_proj+k_proj+v_proj",
+            "2048 -> 4096, 4-bit group 64: model.layers.1.self_attn.q_proj",
+            "2048 -> 512, 4-bit group 64: model.layers.1.self_attn.k_proj, model.layers.1.self_attn.v_proj"} \
+        <= set(dense.sites["quantized_matmul"])
 
 
 def test_a_tied_head_and_layers_mlx_lm_leaves_in_full_precision() -> None:
