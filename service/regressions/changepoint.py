@@ -3,9 +3,12 @@
 Gradual drift never shows as one step against the recent history, but it does split the series
 into an earlier and a later level. The pass:
 
-1. tames outlier runs: each log median is clipped to its rolling median (5 runs) plus or minus
-   ``clip_sigmas`` robust sigmas (the sigma comes from first differences, which a level shift
-   hardly moves), so a single bad run cannot make a change point;
+1. tames outlier runs: each log median is clipped to its rolling median (5 runs) minus
+   ``clip_sigmas`` and plus ``clip_up`` robust sigmas (the sigma comes from first differences,
+   which a level shift hardly moves), so a single bad run cannot make a change point. Bad runs are
+   only slower, so the band above is the narrower: a bad run next to a step (where its rolling
+   median is still the old level) or in the baseline would otherwise pull the means of the split
+   below towards itself, costing a small step its significance or moving its cut;
 2. finds the split maximizing the normalized difference of means (a CUSUM statistic);
 3. accepts it when a permutation test (the segment's runs shuffled ``permutations`` times) gives
    p below ``p_threshold`` *and* the medians on both sides differ by at least ``min_effect``;
@@ -15,8 +18,9 @@ into an earlier and a later level. The pass:
    ``min_segment`` runs to an end, so a step at the third-last run is first cut a run early);
 6. looks for a change near either end, which the split above cannot reach (it needs ``min_segment``
    runs on each side): in the first segment, a faster level of 1 to ``edge_runs`` runs; in the last,
-   a slower level of ``edge_tail`` (3) to ``edge_runs`` runs (one or two runs at the end may be
-   a bad run or a bad pair: the online detector's suspect, settled by its confirmation re-runs).
+   a slower level of ``edge_tail`` (4) to ``edge_runs`` runs (up to three runs at the end may be
+   a bad run, a bad pair, or a spike next to a pair: the online detector's suspect, settled by its
+   confirmation re-runs, which settle a step under ``pair_ceiling`` on four slower runs too).
    These use :func:`.segments.level_shift` (trimmed means of the levels: ``prior.trim``) with the
    stricter ``edge_alpha``, and every run of the
    short side must clear the other level's median by ``floor * min_effect``, so a bad run or two
@@ -25,7 +29,8 @@ into an earlier and a later level. The pass:
    several steps) into one finding, from the level before the first to the level after the last.
 
 Findings whose level rose by at least ``min_effect`` are reported, those whose slower level is
-shorter than ``edge_tail`` runs (as long as a bad pair) only from ``pair_ceiling`` (20 %) on, and
+shorter than ``edge_tail`` runs (three odd runs in a row: a spike next to a bad pair) only from
+``pair_ceiling`` (20 %) on, and
 below that only when the slower level still clears ``min_effect`` at ``robust_alpha`` with any one
 of its runs or pair of consecutive runs left out (bad runs come alone and in pairs: near the end of
 a series, a bad pair next to an ordinary run of wander has the median of a step).
@@ -59,14 +64,17 @@ class ChangePointDetector:
     permutations: int = 999
     p_threshold: float = 0.01
     clip_sigmas: float = 3.0
+    clip_up: float = 1.0  # a run counts at most this many robust sigmas above its rolling median
+    # (bad runs are only slower; see segments.tame)
     seed: int = 20261126
     merge_within: int = 15  # runs: slower steps closer than this are one (gradual) change
     refine_runs: int = 2  # a cut may move this far to where the change is clearest
     edge_runs: int = 4  # a change this close to either end is looked for by the edge test
     edge_alpha: float = 3e-3
     pair_ceiling: float = 0.20  # a slower level shorter than edge_tail is reported from this effect on
-    edge_tail: int = 3  # the shortest slower level at the end (bad runs come alone and in pairs; a
-    # step in the last one or two runs is the online detector's, settled by its re-runs)
+    edge_tail: int = 4  # the shortest slower level at the end (bad runs come alone and in pairs,
+    # and a spike may land next to a pair: a step in the last three runs is the online detector's,
+    # which settles one under pair_ceiling on four slower runs: StepDetector.settle_runs)
     floor: float = 0.5
     robust_alpha: float = 1e-2  # a finding without its worst bad run or pair (see _robust)
     # the scan sees whole levels of many runs: trimmed means, not medians (see segments._trimmed_level)
@@ -76,7 +84,7 @@ class ChangePointDetector:
         raw = np.array([p.log_median for p in runs], dtype=float)
         if len(raw) < 3:
             return []
-        x = tame(raw, self.clip_sigmas) if len(raw) >= 2 * self.min_segment else raw
+        x = tame(raw, self.clip_sigmas, self.clip_up) if len(raw) >= 2 * self.min_segment else raw
         rng = np.random.default_rng(self.seed)
         cuts: list[tuple[int, float]] = []
         stack = [(0, len(x))]

@@ -105,14 +105,17 @@ def robust_sigma(x: np.ndarray) -> float:
     return max(MAD_TO_SIGMA * spread / np.sqrt(2), SCALE_FLOOR)
 
 
-def tame(x: np.ndarray, clip_sigmas: float = 3.0) -> np.ndarray:
-    """Each log median clipped to its rolling median (5 runs) plus or minus ``clip_sigmas`` robust
-    sigmas, so a single bad run cannot make (or place) a change point."""
+def tame(x: np.ndarray, clip_sigmas: float = 3.0, clip_up: float | None = None) -> np.ndarray:
+    """Each log median clipped to its rolling median (5 runs) minus ``clip_sigmas`` and plus
+    ``clip_up`` (``clip_sigmas`` unless given) robust sigmas, so a single bad run cannot make (or
+    place) a change point. Bad runs are only slower than their level (a device's state: clocks, heat,
+    other load), so a run far above its neighbours is clipped closer than one below them."""
     from scipy.ndimage import median_filter  # here, not at import: scipy is most of a coordinator's start
 
     rolling = median_filter(x, size=5, mode="nearest")
-    band = clip_sigmas * robust_sigma(x)
-    clipped: np.ndarray = np.clip(x, rolling - band, rolling + band)
+    sigma = robust_sigma(x)
+    up = clip_sigmas if clip_up is None else clip_up
+    clipped: np.ndarray = np.clip(x, rolling - clip_sigmas * sigma, rolling + up * sigma)
     return clipped
 
 

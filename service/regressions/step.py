@@ -15,8 +15,10 @@ tell a high run just before a step from its first run). It is a suspect when:
   and two slower runs lie within ``prior.pair_spread`` sigmas plus half the step of each other (a
   spike next to a bad run is no level);
 - its p-value is below ``alpha``;
-- the new run's raw samples are shifted against those of the runs just before the change
-  (one-sided Mann-Whitney U below ``sample_alpha``), so one odd median cannot carry it alone.
+- the new run's raw samples are shifted against those of the ordinary runs just before the change
+  (one-sided Mann-Whitney U below ``sample_alpha``), so one odd median cannot carry it alone; a
+  bad run among them (slower than the baseline's median by the every-run floor) is left out of
+  that reference, whose samples would be as slow as a step's.
 
 The suspect names the first slower run (``Finding.index``), so attribution compares that run with
 the one just before it. A suspect is not an alert: the coordinator queues a confirmation re-run,
@@ -95,7 +97,7 @@ class StepDetector:
                 best = shift
         if best is None or best.p_value >= self.alpha:
             return None
-        if not self._samples_shifted(runs[: best.tau], new):
+        if not self._samples_shifted(runs[: best.tau], new, min_effect):
             return None
         return self._finding(best, skip)
 
@@ -204,8 +206,14 @@ class StepDetector:
             baseline_indices=tuple(range(skip, skip + shift.tau)),
         )
 
-    def _samples_shifted(self, before: Sequence[RunPoint], new: RunPoint) -> bool:
-        recent = [p.samples_us for p in before[-self.sample_runs :] if p.samples_us]
+    def _samples_shifted(self, before: Sequence[RunPoint], new: RunPoint, min_effect: float) -> bool:
+        """Whether ``new``'s raw samples are shifted against those of the last ``sample_runs``
+        ordinary runs of ``before``: a run slower than their median by the every-run floor (a bad
+        run, whose samples are all slow) is no reference for the baseline's samples."""
+        x = np.array([p.log_median for p in before], dtype=float)
+        ordinary = x <= np.median(x) + np.log1p(self.floor * min_effect)
+        reference = [p for p, keep in zip(before, ordinary, strict=True) if keep]
+        recent = [p.samples_us for p in reference[-self.sample_runs :] if p.samples_us]
         if not new.samples_us or not recent:
             return True  # capped samples: the run-level test stands alone
         pooled = np.concatenate([np.asarray(s, dtype=float) for s in recent])
