@@ -85,13 +85,6 @@ def _stale(cutoff: ColumnElement[Any]) -> ColumnElement[bool]:
     return or_(Worker.last_heartbeat_at.is_(None), Worker.last_heartbeat_at < cutoff)
 
 
-def seen(wanted: str | BindParameter[str], cutoff: ColumnElement[Any]) -> Update:
-    """The UPDATE recording that the unrevoked worker whose token digest is ``wanted`` was seen now,
-    when its ``last_heartbeat_at`` is older than ``cutoff`` (a database time)."""
-    return (update(Worker).where(Worker.token_digest == wanted, Worker.revoked_at.is_(None), _stale(cutoff))
-            .values(last_heartbeat_at=db_now()).execution_options(synchronize_session=False))
-
-
 def live_worker_id(wanted: BindParameter[str]) -> ScalarSelect[int]:
     """The id of the unrevoked worker whose token digest is ``wanted``, as a scalar subquery (NULL for
     none): a worker's own write, authenticated inside its statement."""
@@ -102,23 +95,25 @@ def live_worker_id(wanted: BindParameter[str]) -> ScalarSelect[int]:
 # a worker's token digest and -refresh_after (who_params()), the parameters of the worker's statements
 WHO_DIGEST: BindParameter[str] = bindparam("who_digest")
 WHO_SHIFT: BindParameter[float] = bindparam("who_shift", type_=Float)
+# the unrevoked worker of :who_digest seen now, when its last-seen time is older than now + :who_shift
+SEEN: Update = (update(Worker).where(Worker.token_digest == WHO_DIGEST, Worker.revoked_at.is_(None),
+                                     _stale(db_now(WHO_SHIFT)))
+                .values(last_heartbeat_at=db_now()).execution_options(synchronize_session=False))
 
 
 def _who_query(sqlite: bool, *columns: Any) -> Select[Any]:
     """The worker whose token digest is ``:who_digest`` (``columns``, then its id, name, digest, revoked
     time and whether its last-seen time is older than ``now + :who_shift``); on PostgreSQL with
-    :func:`seen` as a CTE (one round trip; the SELECT reads the row as it was)."""
-    wanted, cutoff = WHO_DIGEST, db_now(WHO_SHIFT)
+    :data:`SEEN` as a CTE (one round trip; the SELECT reads the row as it was)."""
     query = select(*columns, Worker.id.label("kf_id"), Worker.name.label("kf_name"),
                    Worker.token_digest.label("kf_digest"), Worker.revoked_at.label("kf_revoked"),
-                   _stale(cutoff).label("kf_stale")).where(Worker.token_digest == wanted)
-    return query if sqlite else query.add_cte(seen(wanted, cutoff).returning(Worker.id).cte("kf_seen"))
+                   _stale(db_now(WHO_SHIFT)).label("kf_stale")).where(Worker.token_digest == WHO_DIGEST)
+    return query if sqlite else query.add_cte(SEEN.returning(Worker.id).cte("kf_seen"))
 
 
 # built once, executed with parameters: (SQLite?, the ORM entity or the columns a lease needs)
 _WHO = {(sqlite, entity): _who_query(sqlite, *((Worker,) if entity else (Worker.backend, Worker.chip)))
         for sqlite in (False, True) for entity in (False, True)}
-SEEN = seen(WHO_DIGEST, db_now(WHO_SHIFT))  # with who_params()
 
 
 def who_params(token: str, refresh_after: float) -> dict[str, Any]:
@@ -178,7 +173,7 @@ class WorkerCall:
     @contextmanager
     def statements(self) -> Iterator[tuple[Connection, bool]]:
         """(a Core connection, whether it is SQLite) for a worker's write that authenticates inside its
-        own statements (:func:`live_worker_id`, :func:`seen`): no ORM session, no worker row loaded. On
+        own statements (:func:`live_worker_id`, :data:`SEEN`): no ORM session, no worker row loaded. On
         PostgreSQL each statement commits on its own (autocommit: one round trip for a one-statement
         request); on SQLite they run in one ``BEGIN IMMEDIATE`` transaction, committed on success."""
         engine = self.session_factory.kw["bind"]

@@ -169,7 +169,7 @@ def explain_stale(session: Session, job_id: int, token: str) -> Conflict | NotFo
 def _beat_statement(with_seen: bool) -> ReturningUpdate[tuple[datetime]]:
     """A heartbeat as one statement, authenticated inside it: the lease is extended when the token
     digest is an unrevoked worker's and the lease token its current lease on the job; ``with_seen``
-    (PostgreSQL) records in a CTE that the worker was seen (SQLite runs :func:`seen` after it)."""
+    (PostgreSQL) records in a CTE that the worker was seen (SQLite runs ``SEEN`` after it)."""
     statement = (
         update(Job)
         .where(Job.id == bindparam("beat_job"), Job.lease_token == bindparam("beat_lease"),
