@@ -106,12 +106,20 @@ def choose(stats: dict[str, StatRow], backend: str) -> StatRow | None:
     builtin = stats.get(BUILTIN)
     if backend == "cpu":
         return builtin
-    faster = [r for k, r in stats.items() if k != BUILTIN and r.speedup is not None and r.speedup > 1.0]
-    if faster:
-        return max(faster, key=lambda r: (r.speedup or 0.0, -r.center_us, r.config_key))
+    best = best_custom(stats)
+    if best is not None and (best.speedup or 0.0) > 1.0:
+        return best
     if builtin is not None:
         return builtin
     return min(stats.values(), key=lambda r: (r.center_us, r.config_key)) if stats else None
+
+
+def best_custom(stats: dict[str, StatRow]) -> StatRow | None:
+    """The custom config with the best same-run speedup over the built-in (None without one): the pick
+    where it is above 1, else the entry's ``custom``, which a fused launch may run
+    (:meth:`kernelfleet.kernels.patch.profile_view.ProfileView.fused_choice`)."""
+    custom = [r for k, r in stats.items() if k != BUILTIN and r.speedup is not None]
+    return max(custom, key=lambda r: (r.speedup or 0.0, -r.center_us, r.config_key)) if custom else None
 
 
 def source_pick(stats: dict[str, StatRow], backend: str) -> SourcePick | None:
@@ -133,11 +141,22 @@ def measured_picks(evidence: Evidence, backend: str) -> dict[tuple[str, str, str
     return {key: pick for key, pick in picks.items() if pick is not None}
 
 
-def measured_entry(kernel: str, shape: str, dtype: str, pick: StatRow) -> dict[str, Any]:
+def _interval(row: StatRow) -> list[float] | None:
+    if row.speedup_lo is None or row.speedup_hi is None:
+        return None
+    return [round(row.speedup_lo, 4), round(row.speedup_hi, 4)]
+
+
+def measured_entry(kernel: str, shape: str, dtype: str, pick: StatRow, runner_up: StatRow | None = None
+                   ) -> dict[str, Any]:
+    """One measured profile entry; where ``pick`` is the built-in, ``runner_up`` (:func:`best_custom`)
+    is its ``custom``."""
     is_builtin = pick.config_key == BUILTIN
-    interval = [1.0, 1.0] if is_builtin else (
-        [round(pick.speedup_lo, 4), round(pick.speedup_hi, 4)]
-        if pick.speedup_lo is not None and pick.speedup_hi is not None else None)
+    interval = [1.0, 1.0] if is_builtin else _interval(pick)
+    custom = {} if not is_builtin or runner_up is None or runner_up.speedup is None else {"custom": {
+        "config": parse_config_key(runner_up.config_key), "config_key": runner_up.config_key,
+        "median_us": round(runner_up.center_us, 4), "speedup": round(runner_up.speedup, 4),
+        "speedup_interval": _interval(runner_up)}}
     return {
         "kernel": kernel, "shape": shape, "dtype": dtype,
         "config": parse_config_key(pick.config_key), "config_key": pick.config_key,
@@ -148,6 +167,7 @@ def measured_entry(kernel: str, shape: str, dtype: str, pick: StatRow) -> dict[s
         "runs": pick.runs, "workers": len(pick.worker_ids), "imported_runs": pick.imported_runs,
         "first_seen": _iso(pick.first_seen_at), "last_seen": _iso(pick.last_seen_at),
         "spread": round(pick.spread, 4), "mlx_version": pick.mlx_version, "kernel_hash": pick.kernel_hash,
+        **custom,
     }
 
 
@@ -256,7 +276,8 @@ def summarize(rows: Sequence[StatRow], backend: str) -> SeriesSummary:
         chip=first.chip, mlx_version=first.mlx_version, kernel_hash=first.kernel_hash, kernel=first.kernel,
         shape=first.shape, dtype=first.dtype, newest=max(r.last_result_id for r in rows),
         times={k: r.center_us for k, r in stats.items()},
-        entry=measured_entry(first.kernel, first.shape, first.dtype, chosen) if chosen is not None else None,
+        entry=None if chosen is None else measured_entry(first.kernel, first.shape, first.dtype, chosen,
+                                                         best_custom(stats)),
         pick=source_pick(stats, backend))
 
 

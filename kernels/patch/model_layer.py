@@ -80,6 +80,7 @@ CONSUMES = ("input_layernorm", "post_attention_layernorm", "self_attn", "mlp",
             *(f"mlp.{name}" for name in PROJECTIONS))
 NAMES = ("q/k/v", "o", "gate/up", "down")  # the quantized matmuls of a layer, in the order they run
 NORMS = ("rmsnorm", "add_rmsnorm")  # the input norm; the residual add and the post-attention norm
+FUSED = (1, 4)  # the plan's calls whose launches do the work around them (q/k/v, gate/up): _epilogues
 
 
 def rope_settings(rope: Any) -> tuple[tuple[Any, ...], mx.array | None] | None:
@@ -187,13 +188,15 @@ def quantized_decoder_layer(m: nn.Module) -> Site | None:
 
     def bind(router: Router, shape: tuple[int, ...], dt: Any, own: Call) -> Call | None:
         calls = plan(shape)
-        if not calls or (not router.picks(*((kernel, s, dt) for kernel, s in calls)) and shape[0] <= 1):
+        if not calls or (shape[0] <= 1 and not router.picks(*((kernel, s, dt) for kernel, s in calls))
+                         and not router.fuses(*((*calls[i], dt) for i in FUSED))):
             return None  # one sequence and no custom config: mlx-lm's own code, MLX's ops
+        launches = fused_launches(router, calls, dt, FUSED)
         params = {kernel: {"eps": e} for kernel, e in zip(NORMS, eps, strict=True)}
-        epilogues = _epilogues(router, calls, shape, dt, half.head_dims, act, eps)
+        epilogues = _epilogues(launches, shape, half.head_dims, act, eps)
         resolved = [None if epilogue is None else
-                    router.resolved(kernel, s, dt, params.get(kernel, {}), epilogue)
-                    for (kernel, s), epilogue in zip(calls, epilogues, strict=True)]
+                    router.resolved(kernel, s, dt, params.get(kernel, {}), epilogue, fused)
+                    for (kernel, s), epilogue, fused in zip(calls, epilogues, launches, strict=True)]
         counters = [got[0] for got in resolved if got is not None]
         runners = tuple(None if got is None else got[1] for got in resolved)
         pre = pre_graph(half, runners[:2], shape)
@@ -229,8 +232,8 @@ def quantized_decoder_layer(m: nn.Module) -> Site | None:
         formats = (f"{n} {t[2]}-bit group {t[3]}" for n, t in zip(NAMES, tails, strict=True))
         label += f" ({', '.join(formats)})"
     families = {KERNEL: member, act: rows_of(inter), **{kernel: rows_of(k) for kernel in NORMS}}
-    return Site("quantized decoder layer", families,
-                label, plan, None, bind=bind, describe=named, consumes=CONSUMES, prepare=prepare)
+    return Site("quantized decoder layer", families, label, plan, None, bind=bind, describe=named,
+                consumes=CONSUMES, prepare=prepare, fused=fused_roles([tails[0], tails[2]]))
 
 
 def rows_of(d: int) -> Any:
@@ -240,9 +243,34 @@ def rows_of(d: int) -> Any:
 
 def own_launch(router: Router, call: tuple[str, Shape], dt: Any) -> Config | None:
     """The config of a quantized matmul ``call`` whose launch does the work around the matmul (qmv,
-    qmv_split: ``quantized_matmul``'s norm prologue and epilogues), else None."""
-    config = router.choice(call[0], call[1], dt)
-    return config if config is not None and config["path"] in ("qmv", "qmv_split") else None
+    qmv_split: ``quantized_matmul``'s norm prologue and epilogues), else None: the profile's pick, or
+    where the built-in won alone, its runner-up within
+    :data:`~kernelfleet.kernels.patch.profile_view.FUSED_MIN_SPEEDUP` (:meth:`Router.fused`)."""
+    config = router.fused(call[0], call[1], dt)
+    return config if fusable(config) else None
+
+
+def fusable(config: Config | None) -> bool:
+    """Whether a quantized matmul config's launch takes the norm prologue and the epilogues."""
+    return config is not None and config.get("path") in ("qmv", "qmv_split")
+
+
+def fused_launches(router: Router, calls: list[tuple[str, Shape]], dt: Any, roles: Sequence[int]
+                   ) -> list[Config | None]:
+    """Per call of a layer's plan, the config of its fused launch (:func:`own_launch`) for the calls at
+    ``roles`` (the quantized matmuls whose launches do the work around them), None elsewhere."""
+    return [own_launch(router, call, dt) if i in roles else None for i, call in enumerate(calls)]
+
+
+def fused_roles(roles: Sequence[tuple[int, ...]]) -> Callable[[Shape, Config], bool]:
+    """The report's test (:meth:`ProfileView.family`'s ``fused``) for a layer block whose quantized
+    matmuls at these shape tails (q/k/v's, ...) are fused launches: a tuned shape there whose config is
+    :func:`fusable`."""
+    tails = {tuple(t) for t in roles}
+
+    def fused(shape: Shape, config: Config) -> bool:
+        return len(shape) == 5 and tuple(shape[1:]) in tails and fusable(config)
+    return fused
 
 
 def qkv_params(fused_norm: bool, shape: tuple[int, ...], heads: tuple[int, int, int], eps: float
@@ -254,17 +282,18 @@ def qkv_params(fused_norm: bool, shape: tuple[int, ...], heads: tuple[int, int, 
     return {**({"heads": (shape[0], *heads)} if one else {}), **({"norm": eps} if fused_norm else {})}
 
 
-def _epilogues(router: Router, calls: list[tuple[str, Shape]], shape: tuple[int, ...], dt: Any,
-               heads: tuple[int, int, int], act: str, eps: tuple[float, ...]) -> list[dict[str, Any] | None]:
+def _epilogues(launches: list[Config | None], shape: tuple[int, ...], heads: tuple[int, int, int], act: str,
+               eps: tuple[float, ...]) -> list[dict[str, Any] | None]:
     """Per call of the plan, the parameters its launch takes beyond the kernel's own (``quantized_matmul``'s
     epilogues and RMSNorm prologue: MLX's ops around the matmul where its config does not do them), None
-    for a norm or the activation that a quantized matmul's launch does instead. Where q/k/v's config is
+    for a norm or the activation that a quantized matmul's launch does instead. ``launches``: the plan's
+    fused launches (:func:`fused_launches`, at :data:`FUSED`). Where q/k/v's config is
     qmv or qmv_split its launch normalises x; at one position per sequence it writes q, k and v as attention
     holds them (:func:`qkv_params`). Where gate/up's is, o adds the residual and gate/up's launch
     normalises the sum, and at 2 or more rows a warp (a gate row and its up row in one warp) computes the
     activation. down adds the residual. Every MLX primitive a decode step leaves out is host time it does
     not pay (``benchmarks/host_cost.py``)."""
-    qkv, gate_up = own_launch(router, calls[1], dt), own_launch(router, calls[4], dt)
+    qkv, gate_up = launches[1], launches[4]
     fused_act = act in quantized_matmul_kernel.GLUS and gate_up is not None and int(gate_up["rpw"]) >= 2
     gate_up_params = {**({"glu": act} if fused_act else {}), **({"norm": eps[1]} if gate_up else {})}
     return [None if qkv else {}, qkv_params(qkv is not None, shape, heads, eps[0]),

@@ -55,8 +55,9 @@ from .model_layer import (
     AttentionHalf,
     attention_half,
     attention_rows,
+    fused_launches,
+    fused_roles,
     layer_call,
-    own_launch,
     pre_graph,
     qkv_params,
     rope_settings,
@@ -87,6 +88,7 @@ from .model_quant import (
 )
 
 KIND = "quantized MoE decoder layer"
+FUSED = (1, 4)  # the plan's calls whose launches do the work around them (q/k/v, o)
 # mlx-lm's qwen3_moe Attention.__call__ (mlx-lm 0.32): llama's, with q_norm and k_norm over the head dim
 ATTENTION_LINES = (
     *LLAMA_ATTENTION_LINES[:2],
@@ -232,9 +234,11 @@ def quantized_moe_decoder_layer(m: nn.Module) -> Site | None:
 
     def bind(router: Router, shape: tuple[int, ...], dt: Any, own: Call) -> Call | None:
         calls = plan(shape)
-        if not calls or (not router.picks(*((kernel, s, dt) for kernel, s in calls)) and shape[0] <= 1):
+        if not calls or (shape[0] <= 1 and not router.picks(*((kernel, s, dt) for kernel, s in calls))
+                         and not router.fuses(*((*calls[i], dt) for i in FUSED))):
             return None  # one sequence and no custom config: mlx-lm's own code, MLX's ops
-        fused_norm, fused_residual = (own_launch(router, calls[i], dt) is not None for i in (1, 4))
+        launches = fused_launches(router, calls, dt, FUSED)
+        fused_norm, fused_residual = (launches[i] is not None for i in FUSED)
         if fused_residual:  # o's launch adds the residual: the post-attention norm alone after it
             calls[5] = ("rmsnorm", calls[5][1])
         params: list[dict[str, Any]] = [{"eps": eps[0]}, {}, {"eps": eps[1]}, {"eps": eps[2]}, {},
@@ -244,8 +248,9 @@ def quantized_moe_decoder_layer(m: nn.Module) -> Site | None:
             {"residual": True} if fused_residual else {}, {}, {},
             # a sorted expert projection the profile picks nothing for: mx.gather_qmm, as mlx-lm calls it
             *({} if router.picks((kernel, s, dt)) else None for kernel, s in calls[7:])]
-        resolved = [None if epilogue is None else router.resolved(kernel, s, dt, p, epilogue)
-                    for (kernel, s), p, epilogue in zip(calls, params, epilogues, strict=True)]
+        resolved = [None if epilogue is None else router.resolved(kernel, s, dt, p, epilogue, fused)
+                    for (kernel, s), p, epilogue, fused
+                    in zip(calls, params, epilogues, launches, strict=True)]
         counters = [got[0] for got in resolved if got is not None]
         runners = tuple(None if got is None else got[1] for got in resolved)
         sort = len(calls) > 7  # the plan's sorted experts
@@ -297,7 +302,7 @@ def quantized_moe_decoder_layer(m: nn.Module) -> Site | None:
                 GATHER: lambda s: len(s) == 6 and tuple(s[1:]) in names,
                 "rmsnorm": lambda s: len(s) == 2 and s[1] in (k, hd), "add_rmsnorm": rows_of(k)}
     return Site(KIND, families, label, plan, None, bind=bind, describe=named, consumes=CONSUMES,
-                prepare=prepare)
+                prepare=prepare, fused=fused_roles([half.qkv_tail, half.o_tail]))
 
 
 def _post_graph(runners: tuple[Any, ...], shape: tuple[int, ...], how: tuple[int, int, bool, bool, bool],

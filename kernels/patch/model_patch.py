@@ -110,7 +110,7 @@ def _decide(site: Site, view: ProfileView, dtype: str) -> tuple[bool, str]:
         return False, site.refusal
     parts, any_custom, any_tuned = [], False, False
     for kernel, member in site.families.items():
-        custom, builtin = view.family(kernel, dtype, member, site.describe)
+        custom, builtin = view.family(kernel, dtype, member, site.describe, site.fused)
         any_custom |= bool(custom)
         any_tuned |= bool(custom or builtin)
         if custom:

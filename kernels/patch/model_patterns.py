@@ -45,6 +45,7 @@ class Router:
     params: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)  # their parameters
     _memo: dict[tuple[str, Shape, Any], tuple[tuple[str, str, str], Config | None]] = field(
         default_factory=dict, repr=False)
+    _fused_memo: dict[tuple[str, Shape, Any], Config | None] = field(default_factory=dict, repr=False)
     _runners: dict[tuple[Any, ...], tuple[list[int], runtime.Runner]] = field(
         default_factory=dict, repr=False)
     shared: dict[Any, Any] = field(default_factory=dict, repr=False)  # one patch's graphs, by plain values
@@ -84,11 +85,8 @@ class Router:
         if hit is None:  # decided once per (kernel, shape, dtype): calls stay cheap
             dtype = dtype_name(dt) if dt in (mx.float32, mx.float16, mx.bfloat16) else ""
             config = self.view.choice(kernel, shape, dtype)
-            if config is not None:
-                try:
-                    get_spec(kernel).validate_shape(shape)
-                except BadShape:
-                    config = None
+            if config is not None and not self._fits(kernel, shape):
+                config = None
             hit = self._memo[memo_key] = ((kernel, format_shape(shape), dtype), config)
         return hit
 
@@ -106,17 +104,48 @@ class Router:
         config = self._choice(kernel, shape, dt)[1]
         return config if self.gpu else None
 
+    def fused(self, kernel: str, shape: Shape, dt: Any) -> Config | None:
+        """The config a launch that also does the work around the kernel runs (a layer block's fused
+        quantized matmul: :meth:`ProfileView.fused_choice`), None where it runs the built-in (or no custom
+        kernels run here)."""
+        return self._fused_choice(kernel, shape, dt) if self.gpu else None
+
+    def fuses(self, *calls: tuple[str, Shape, Any]) -> bool:
+        """Whether any of these calls has a config for a fused launch (:meth:`fused`; on any backend, as
+        :meth:`picks`)."""
+        return any(self._fused_choice(*c) is not None for c in calls)
+
+    def _fused_choice(self, kernel: str, shape: Shape, dt: Any) -> Config | None:
+        key, config = self._choice(kernel, shape, dt)
+        if config is not None:
+            return config
+        memo_key = (kernel, shape, dt)
+        if memo_key not in self._fused_memo:
+            alt = self.view.fused_choice(kernel, shape, key[2])
+            self._fused_memo[memo_key] = alt if alt is not None and self._fits(kernel, shape) else None
+        return self._fused_memo[memo_key]
+
+    def _fits(self, kernel: str, shape: Shape) -> bool:
+        try:
+            get_spec(kernel).validate_shape(shape)
+        except BadShape:
+            return False
+        return True
+
     def resolved(self, kernel: str, shape: Shape, dt: Any, params: dict[str, Any],
-                 epilogue: dict[str, Any] | None = None) -> tuple[list[int], runtime.Runner]:
+                 epilogue: dict[str, Any] | None = None, fused: Config | None = None
+                 ) -> tuple[list[int], runtime.Runner]:
         """(the call counter, what runs) for one kernel call, resolved on the first call per (kernel,
         shape, dtype, parameter values) and kept. The caller adds 1 to ``counter[0]`` per run.
         ``epilogue``: parameters of this launch only (work around the kernel's own, e.g. quantized_matmul's
-        norm prologue and epilogues), not recorded in :attr:`params`, which price the kernel alone."""
+        norm prologue and epilogues), not recorded in :attr:`params`, which price the kernel alone.
+        ``fused``: the config a fused launch runs (:meth:`fused`), in place of the profile's choice."""
         extra = epilogue or {}
-        memo_key = (kernel, shape, dt, *params.values(), *extra.items())
+        memo_key = (kernel, shape, dt, *params.values(), *extra.items(), fused is not None)
         hit = self._runners.get(memo_key)
         if hit is None:
             key, config = self._choice(kernel, shape, dt)
+            config = fused if fused is not None else config
             if config is not None:
                 self._custom_keys.add(key)
             run = config if config is not None and self.gpu else BUILTIN
@@ -162,6 +191,9 @@ class Site:
     describe: Callable[[Shape], str] = format_shape  # a tuned shape, as the report names it
     single_input: bool = False  # the module's __call__ takes x alone (its wrapper passes nothing else)
     prepare: Callable[[], None] | None = None  # run once when the module is patched, before any call
+    # a tuned (shape, config) its fused launches run where the built-in won alone (the report's
+    # ProfileView.family; model_layer.fused_roles)
+    fused: Callable[[Shape, Config], bool] | None = None
 
 
 def _rows(x: mx.array) -> int:

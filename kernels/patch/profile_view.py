@@ -47,6 +47,18 @@ when it is faster than the built-in beyond the noise and by more than what a pat
     path: those calls were not re-measured.
 
 Anything else runs the built-in.
+
+A launch that also does the work of the ops around it (a layer block's quantized matmul at decode, whose
+qmv launch normalises its input, writes attention's layout or adds the residual:
+:mod:`kernelfleet.kernels.patch.model_layer`) saves more than the matmul's own time, and the op-level
+tune, the matmul alone against MLX's, does not see that: at small shapes the built-in can win alone
+where the fused launch would pay. For such a launch
+(:meth:`ProfileView.fused_choice`) an entry whose pick is the built-in offers its ``custom``: the
+fastest custom config the same measurements saw, with its speedup over the built-in, taken when that
+speedup is at least :data:`FUSED_MIN_SPEEDUP`. The Qwen3-30B-A3B shape's decode step at batch 1 (H200,
+``results/h200_model_qwen3_moe_layer.txt``) is host time on both sides: with the tuned profile (the
+built-in at M=1 for q/k/v and o) the block did not run and decode stayed within the noise; with custom
+configs there, 1.22-1.30x (4-bit) and 1.42x (8-bit) stock.
 """
 
 from __future__ import annotations
@@ -62,6 +74,10 @@ from . import profile_file
 
 DEFAULT_MIN_CONFIDENCE = 0.8  # the coordinator's KERNELFLEET_PREDICTION_MIN_CONFIDENCE default
 MIN_SPEEDUP = 1.03  # side-by-side repeat pairs differed by up to 1.9 % (h100_session_run6.txt)
+# A fused launch's config may be this much slower than the built-in alone: it absorbs at least one MLX
+# primitive (an RMSNorm or an add: 3.6 µs of host time, a view 1.4 µs; h200_model_32layers_epilogue.txt)
+# in a decode step the host bounds, and 10 % of a 10-40 µs matmul is GPU time that step hides.
+FUSED_MIN_SPEEDUP = 0.9
 DEFAULT_MIN_GAIN_US = 36.0  # the lean path's gate: the routed one until a patched call costs less (docstring)
 ROUTED_MIN_GAIN_US = 36.0  # host µs a custom call routed through Router.run adds (H100, module docstring)
 LEAN_KERNELS = frozenset({"quantized_matmul", "gather_quantized_matmul"})  # called by the lean path
@@ -116,20 +132,54 @@ class ProfileView:
         entry = self.entries.get((kernel, format_shape(shape), dtype))
         return dict(entry["config"]) if entry is not None and self.usable(entry) else None
 
+    def fused_choice(self, kernel: str, shape: Shape, dtype: str) -> Config | None:
+        """The config a fused launch runs at this exact shape (module docstring): :meth:`choice`'s, else,
+        where the pick is the built-in, the entry's ``custom`` config if its speedup over the built-in is
+        at least :data:`FUSED_MIN_SPEEDUP`; None: the built-in."""
+        entry = self.entries.get((kernel, format_shape(shape), dtype))
+        if entry is None:
+            return None
+        if self.usable(entry):
+            return dict(entry["config"])
+        alt = self.runner_up(entry)
+        return dict(alt["config"]) if alt is not None else None
+
+    def runner_up(self, entry: dict[str, Any]) -> dict[str, Any] | None:
+        """``entry``'s ``custom`` (its fastest custom config, where the built-in won) when a fused launch
+        may take it (:meth:`fused_choice`), else None."""
+        alt = entry.get("custom")
+        if (entry.get("config") or BUILTIN) != BUILTIN or not isinstance(alt, dict) \
+                or not isinstance(alt.get("config"), dict) or alt["config"] == BUILTIN:
+            return None
+        if entry.get("predicted") and _num(entry.get("confidence")) < self.min_confidence:
+            return None
+        speedup = _num(alt.get("speedup"), None)
+        return alt if speedup is not None and speedup >= FUSED_MIN_SPEEDUP else None
+
     def family(self, kernel: str, dtype: str, member: Callable[[Shape], bool],
-               describe: Callable[[Shape], str] = format_shape) -> tuple[list[str], list[str]]:
+               describe: Callable[[Shape], str] = format_shape,
+               fused: Callable[[Shape, Config], bool] | None = None) -> tuple[list[str], list[str]]:
         """The tuned shapes of one family (e.g. rmsnorm rows x 4096), each named by ``describe``:
         (custom ones, built-in ones). A custom one names its config's ``path`` where it has one (e.g.
         ``M=1 (qmv)``); a built-in shape whose profile pick is custom says why it runs the built-in,
-        e.g. ``8x4096 (gains under 36 µs a call)``."""
+        e.g. ``8x4096 (gains under 36 µs a call)``. ``fused``: the shapes a fused launch runs
+        (:meth:`fused_choice`), whose runner-up counts as custom, e.g. ``M=1 o (qmv_split, fused; 0.97x
+        alone)``."""
         custom: list[str] = []
         builtin: list[str] = []
         for shape, e in self._by_kernel.get((kernel, dtype), []):
             if member(shape):
                 why = self.why_builtin(e)
+                alt = self.runner_up(e) if why is not None and fused is not None else None
+                if alt is not None and not (fused is not None and fused(shape, alt["config"])):
+                    alt = None
                 if why is None:
                     path = (e.get("config") or {}).get("path")
                     custom.append(describe(shape) + (f" ({path})" if isinstance(path, str) else ""))
+                elif alt is not None:
+                    path = alt["config"].get("path")
+                    custom.append(f"{describe(shape)} ({f'{path}, ' if isinstance(path, str) else ''}fused; "
+                                  f"{_num(alt.get('speedup')):.2f}x alone)")
                 else:
                     builtin.append(describe(shape) + ("" if why == "built-in" else f" ({why})"))
         return custom, builtin

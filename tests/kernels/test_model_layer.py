@@ -223,3 +223,29 @@ def test_a_decode_step_with_custom_kernels_writes_the_epilogues(monkeypatch: pyt
     layer = ["kf_qmv_heads_norm", "kf_qmv_residual", "kf_qmv_swiglu_norm", "kf_qmv_residual"]
     assert names == layer * 2 + ["kf_qmv"], names  # two layers, then the LM head
     assert close(stock, patched) <= LOGIT_TOL
+
+
+def runner_ups(body: dict[str, Any], speedup: float) -> dict[str, Any]:
+    """``body`` where the built-in won alone at every M=1 quantized matmul, each entry keeping its qmv config
+    as ``custom`` at ``speedup`` over the built-in (as a coordinator's profile records its fastest custom
+    config: :func:`kernelfleet.service.profiles.best_custom`)."""
+    entries = []
+    for e in body["entries"]:
+        one = e["kernel"] == "quantized_matmul" and e["shape"].startswith("1x")
+        entries.append({**e, "config": {"variant": "builtin"}, "config_key": "builtin", "speedup": 1.0,
+                        "custom": {"config": e["config"], "speedup": speedup}} if one else e)
+    return {**body, "entries": entries}
+
+
+
+def test_fused_launches_take_the_runner_up_where_the_built_in_won_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the built-in won alone at M=1, q/k/v's and gate/up's launches (the ones that do the work around
+    them) take the fastest custom config within FUSED_MIN_SPEEDUP of the built-in; o and down keep their
+    pick, the built-in, with MLX adding the residual. Slower than that, the layer runs mlx-lm's code."""
+    model, body = build(LLAMA, 4, 32), _decode_profile(LLAMA, 4, 32)
+    stock, patched, names = emulated_step(monkeypatch, model, runner_ups(body, 0.95))
+    assert names == ["kf_qmv_heads_norm", "kf_qmv_swiglu_norm"] * 2, names
+    assert close(stock, patched) <= LOGIT_TOL
+    _, _, names = emulated_step(monkeypatch, model, runner_ups(body, 0.85))
+    assert names == [], names

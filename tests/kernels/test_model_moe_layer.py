@@ -26,7 +26,7 @@ from kernelfleet.kernels.patch import model_moe_layer  # noqa: E402
 from kernelfleet.kernels.patch.model_build import TINY, build, quantized_config  # noqa: E402
 from kernelfleet.kernels.patch.model_moe_layer import KIND  # noqa: E402
 
-from .test_model_layer import emulated_step, unpatched_is_stock  # noqa: E402
+from .test_model_layer import emulated_step, runner_ups, unpatched_is_stock  # noqa: E402
 from .test_model_quant import LOGIT_TOL, PROMPT, batch_step, close, greedy, logits, profile_for  # noqa: E402
 
 CONFIG = TINY["qwen3_moe"]  # hidden 128, 32 experts, 4 a token, expert width 64
@@ -202,3 +202,32 @@ def test_a_decode_step_with_custom_kernels_writes_the_epilogues(monkeypatch: pyt
     stock, patched, names = emulated_step(monkeypatch, model, profile(config, 4, 32, prefill=()))
     assert names == ["kf_qmv_heads_norm", "kf_qmv_residual", "kf_qmv"] * 2 + ["kf_qmv"], names  # + LM head
     assert close(stock, patched) <= LOGIT_TOL
+
+
+def test_a_fused_launch_takes_the_runner_up_where_the_built_in_won_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the built-in won alone at M=1 (the H200's Qwen3-30B-A3B q/k/v and o), a decode step's layer
+    still runs as the block, its q/k/v and o launches taking the fastest custom config when it is within
+    FUSED_MIN_SPEEDUP of the built-in: the work those launches absorb is host time the op-level tune does
+    not see. Slower than that, the layer runs mlx-lm's own code. The report says which."""
+    from kernelfleet.kernels.patch.profile_view import FUSED_MIN_SPEEDUP
+
+    config, model = model_of(4, 32)
+    base = profile(config, 4, 32, prefill=())
+    near = runner_ups(base, 0.95)
+    stock, patched, names = emulated_step(monkeypatch, model, near)
+    # the router and the LM head (1x128x256, as q/k/v joined here), not fused launches: the built-in
+    assert names == ["kf_qmv_heads_norm", "kf_qmv_residual"] * 2, names
+    assert close(stock, patched) <= LOGIT_TOL
+    report = kernelfleet.patch(model, profile=near)
+    kernelfleet.unpatch(model)
+    layer = layers(report)[0]
+    assert "M=1 q/k/v (qmv, fused; 0.95x alone)" in layer.reason and "M=1 o (qmv, fused; 0.95x alone)" \
+        in layer.reason, layer.reason
+    assert "M=1 router" in layer.reason.split("built-in at")[1]  # no fused launch: its plain pick
+    far = runner_ups(base, FUSED_MIN_SPEEDUP - 0.05)
+    _, patched, names = emulated_step(monkeypatch, model, far)
+    assert names == [], names  # each layer ran mlx-lm's code
+    report = kernelfleet.patch(model, profile=far)
+    kernelfleet.unpatch(model)
+    assert "fused" not in " ".join(m.reason for m in report.modules)

@@ -175,7 +175,8 @@ def test_profiles_etag_versions_and_predictions(coordinator_factory: Any) -> Non
 
 def test_predicted_only_profile_on_request_and_never_slower_than_builtin(coordinator: Any) -> None:
     """Apple M4 Max has no results: with allow_predicted it gets predicted entries only, each marked;
-    a config that measured slower than the built-in is never chosen, measured or predicted."""
+    a config that measured slower than the built-in is never chosen, measured or predicted (the measured
+    entry names it as its ``custom``, with its speedup)."""
     worse = "rpg=2,tg=256,vec=4"
     with coordinator.admin() as admin:
         r = admin.post("/results/import", json={"reports": [
@@ -197,6 +198,13 @@ def test_predicted_only_profile_on_request_and_never_slower_than_builtin(coordin
     a = coordinator.profile(A)
     [measured] = [e for e in a["entries"] if e["shape"] == "1024x4096" and not e["predicted"]]
     assert measured["config_key"] == "builtin"
+    # its fastest custom config, which a layer block's fused launch may still run (ProfileView.fused_choice)
+    custom = measured["custom"]
+    assert custom["config_key"] == worse and custom["config"] == {"rpg": 2, "tg": 256, "vec": 4}
+    assert custom["speedup"] == round(14.0 / 16.0, 4) and custom["median_us"] == 16.0
+    lo, hi = custom["speedup_interval"]
+    assert lo < custom["speedup"] < hi < 1.0
+    assert all("custom" not in e for e in a["entries"] if e["config_key"] != "builtin")
     with coordinator.client() as c:
         [listed] = [p for p in c.get("/profiles").json() if p["chip"] == "Apple M4 Max"]
         assert listed["measured"] == 0 and listed["pull_command"].endswith("--allow-predicted")
