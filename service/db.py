@@ -6,8 +6,8 @@ is atomic against other writers.
 
 JSON columns are written with orjson (:func:`json_dumps`): a 40 KB report's trials (each one's samples
 and config) took 1.5 ms to encode with ``json.dumps`` and 0.09 ms with orjson on the quiet 2-core
-development host (6.5 and 0.32 ms with the test suite running beside it). They are read with ``json.loads`` (orjson would read an
-integer over 64 bits as a float).
+development host (6.5 and 0.32 ms with the test suite running beside it). They are read with
+``json.loads`` (orjson would read an integer over 64 bits as a float).
 """
 
 from __future__ import annotations

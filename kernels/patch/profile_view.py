@@ -54,8 +54,9 @@ qmv launch normalises its input, writes attention's layout or adds the residual:
 tune, the matmul alone against MLX's, does not see that: at small shapes the built-in can win alone
 where the fused launch would pay. For such a launch
 (:meth:`ProfileView.fused_choice`) an entry whose pick is the built-in offers its ``custom``: the
-fastest custom config the same measurements saw, with its speedup over the built-in, taken when that
-speedup is at least :data:`FUSED_MIN_SPEEDUP`. The Qwen3-30B-A3B shape's decode step at batch 1 (H200,
+fastest custom config the same measurements saw, with its speedup over the built-in; that config, or an
+entry's own pick that only the noise or the gain gate kept out, is taken when its speedup is at least
+:data:`FUSED_MIN_SPEEDUP`. The Qwen3-30B-A3B shape's decode step at batch 1 (H200,
 ``results/h200_model_qwen3_moe_layer.txt``) is host time on both sides: with the tuned profile (the
 built-in at M=1 for q/k/v and o) the block did not run and decode stayed within the noise; with custom
 configs there, 1.22-1.30x (4-bit) and 1.42x (8-bit) stock.
@@ -133,9 +134,8 @@ class ProfileView:
         return dict(entry["config"]) if entry is not None and self.usable(entry) else None
 
     def fused_choice(self, kernel: str, shape: Shape, dtype: str) -> Config | None:
-        """The config a fused launch runs at this exact shape (module docstring): :meth:`choice`'s, else,
-        where the pick is the built-in, the entry's ``custom`` config if its speedup over the built-in is
-        at least :data:`FUSED_MIN_SPEEDUP`; None: the built-in."""
+        """The config a fused launch runs at this exact shape (module docstring): :meth:`choice`'s, else
+        :meth:`runner_up`'s; None: the built-in."""
         entry = self.entries.get((kernel, format_shape(shape), dtype))
         if entry is None:
             return None
@@ -145,13 +145,15 @@ class ProfileView:
         return dict(alt["config"]) if alt is not None else None
 
     def runner_up(self, entry: dict[str, Any]) -> dict[str, Any] | None:
-        """``entry``'s ``custom`` (its fastest custom config, where the built-in won) when a fused launch
-        may take it (:meth:`fused_choice`), else None."""
-        alt = entry.get("custom")
-        if (entry.get("config") or BUILTIN) != BUILTIN or not isinstance(alt, dict) \
-                or not isinstance(alt.get("config"), dict) or alt["config"] == BUILTIN:
+        """The custom config a fused launch may run where ``entry`` runs the built-in (:meth:`fused_choice`):
+        the entry's own pick where only the noise or the gain gate kept it, or where the built-in won, its
+        ``custom`` (its fastest custom config); as a dict with ``config`` and ``speedup``, that speedup over
+        the built-in at least :data:`FUSED_MIN_SPEEDUP`. None otherwise."""
+        if entry.get("fallback") or (entry.get("predicted")
+                                     and _num(entry.get("confidence")) < self.min_confidence):
             return None
-        if entry.get("predicted") and _num(entry.get("confidence")) < self.min_confidence:
+        alt = entry if (entry.get("config") or BUILTIN) != BUILTIN else entry.get("custom")
+        if not isinstance(alt, dict) or not isinstance(alt.get("config"), dict) or alt["config"] == BUILTIN:
             return None
         speedup = _num(alt.get("speedup"), None)
         return alt if speedup is not None and speedup >= FUSED_MIN_SPEEDUP else None

@@ -231,3 +231,11 @@ def test_a_fused_launch_takes_the_runner_up_where_the_built_in_won_alone(
     report = kernelfleet.patch(model, profile=far)
     kernelfleet.unpatch(model)
     assert "fused" not in " ".join(m.reason for m in report.modules)
+    # an entry's own custom pick that the noise kept out (1.01x alone: the H200's 8-bit q/k/v) serves too
+    noisy = {**base, "entries": [{**e, "speedup": 1.01} if e["kernel"] == "quantized_matmul"
+                                 and e["shape"].startswith("1x") else e for e in base["entries"]]}
+    _, _, names = emulated_step(monkeypatch, model, noisy)
+    assert names == ["kf_qmv_heads_norm", "kf_qmv_residual"] * 2, names
+    report = kernelfleet.patch(model, profile=noisy)
+    kernelfleet.unpatch(model)
+    assert "M=1 q/k/v (qmv, fused; 1.01x alone)" in layers(report)[0].reason
