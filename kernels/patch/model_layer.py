@@ -243,9 +243,10 @@ def rows_of(d: int) -> Any:
 
 def own_launch(router: Router, call: tuple[str, Shape], dt: Any) -> Config | None:
     """The config of a quantized matmul ``call`` whose launch does the work around the matmul (qmv,
-    qmv_split: ``quantized_matmul``'s norm prologue and epilogues), else None: the profile's pick, or
-    where the built-in won alone, its runner-up within
-    :data:`~kernelfleet.kernels.patch.profile_view.FUSED_MIN_SPEEDUP` (:meth:`Router.fused`)."""
+    qmv_split: ``quantized_matmul``'s norm prologue and epilogues), else None: the profile's pick, or where
+    the built-in runs, a custom config within
+    :data:`~kernelfleet.kernels.patch.profile_view.FUSED_MIN_SPEEDUP` of it
+    (:meth:`~kernelfleet.kernels.patch.profile_view.ProfileView.runner_up`, through :meth:`Router.fused`)."""
     config = router.fused(call[0], call[1], dt)
     return config if fusable(config) else None
 
