@@ -187,10 +187,10 @@ def tune(args: argparse.Namespace, out: Path) -> int:
                  "config_key": best, "median_us": trial["median_us"], "predicted": False}
         if builtin and builtin.get("median_us") and trial.get("median_us"):
             entry["speedup"] = builtin["median_us"] / trial["median_us"]
-        runner_up = min((t for t in report["trials"] if t["config_key"] != "builtin" and t.get("median_us")
-                         and t.get("status", "ok") == "ok"),
-                        key=lambda t: t["median_us"], default=None)
-        if best == "builtin" and runner_up is not None and builtin and builtin.get("median_us"):
+        runner_up = None if best != "builtin" else min(
+            (t for t in report["trials"] if t["config_key"] != "builtin" and t.get("median_us")
+             and t.get("status", "ok") == "ok"), key=lambda t: t["median_us"], default=None)
+        if runner_up is not None and builtin and builtin.get("median_us"):
             # the fastest custom config, which a layer block's fused launch may run (ProfileView.fused_choice)
             entry["custom"] = {"config": runner_up["config"], "config_key": runner_up["config_key"],
                                "median_us": runner_up["median_us"],

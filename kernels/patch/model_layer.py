@@ -188,10 +188,9 @@ def quantized_decoder_layer(m: nn.Module) -> Site | None:
 
     def bind(router: Router, shape: tuple[int, ...], dt: Any, own: Call) -> Call | None:
         calls = plan(shape)
-        if not calls or (shape[0] <= 1 and not router.picks(*((kernel, s, dt) for kernel, s in calls))
-                         and not router.fuses(*((*calls[i], dt) for i in FUSED))):
+        launches = block_launches(router, calls, shape, dt, FUSED)
+        if launches is None:
             return None  # one sequence and no custom config: mlx-lm's own code, MLX's ops
-        launches = fused_launches(router, calls, dt, FUSED)
         params = {kernel: {"eps": e} for kernel, e in zip(NORMS, eps, strict=True)}
         epilogues = _epilogues(launches, shape, half.head_dims, act, eps)
         resolved = [None if epilogue is None else
@@ -256,10 +255,15 @@ def fusable(config: Config | None) -> bool:
     return config is not None and config.get("path") in ("qmv", "qmv_split")
 
 
-def fused_launches(router: Router, calls: list[tuple[str, Shape]], dt: Any, roles: Sequence[int]
-                   ) -> list[Config | None]:
-    """Per call of a layer's plan, the config of its fused launch (:func:`own_launch`) for the calls at
-    ``roles`` (the quantized matmuls whose launches do the work around them), None elsewhere."""
+def block_launches(router: Router, calls: list[tuple[str, Shape]], shape: tuple[int, ...], dt: Any,
+                   roles: Sequence[int]) -> list[Config | None] | None:
+    """Per call of a layer block's plan, the config of its fused launch (:func:`own_launch`) for the calls
+    at ``roles`` (the quantized matmuls whose launches do the work around them), None elsewhere; or None
+    where the block does not run: no plan, or one sequence with neither a profile pick nor a fused
+    launch's config (:meth:`Router.fuses`) among its calls."""
+    if not calls or (shape[0] <= 1 and not router.picks(*((kernel, s, dt) for kernel, s in calls))
+                     and not router.fuses(*((*calls[i], dt) for i in roles))):
+        return None
     return [own_launch(router, call, dt) if i in roles else None for i, call in enumerate(calls)]
 
 
@@ -288,7 +292,7 @@ def _epilogues(launches: list[Config | None], shape: tuple[int, ...], heads: tup
     """Per call of the plan, the parameters its launch takes beyond the kernel's own (``quantized_matmul``'s
     epilogues and RMSNorm prologue: MLX's ops around the matmul where its config does not do them), None
     for a norm or the activation that a quantized matmul's launch does instead. ``launches``: the plan's
-    fused launches (:func:`fused_launches`, at :data:`FUSED`). Where q/k/v's config is
+    fused launches (:func:`block_launches`, at :data:`FUSED`). Where q/k/v's config is
     qmv or qmv_split its launch normalises x; at one position per sequence it writes q, k and v as attention
     holds them (:func:`qkv_params`). Where gate/up's is, o adds the residual and gate/up's launch
     normalises the sum, and at 2 or more rows a warp (a gate row and its up row in one warp) computes the

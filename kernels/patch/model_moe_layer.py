@@ -55,7 +55,7 @@ from .model_layer import (
     AttentionHalf,
     attention_half,
     attention_rows,
-    fused_launches,
+    block_launches,
     fused_roles,
     layer_call,
     pre_graph,
@@ -234,10 +234,9 @@ def quantized_moe_decoder_layer(m: nn.Module) -> Site | None:
 
     def bind(router: Router, shape: tuple[int, ...], dt: Any, own: Call) -> Call | None:
         calls = plan(shape)
-        if not calls or (shape[0] <= 1 and not router.picks(*((kernel, s, dt) for kernel, s in calls))
-                         and not router.fuses(*((*calls[i], dt) for i in FUSED))):
+        launches = block_launches(router, calls, shape, dt, FUSED)
+        if launches is None:
             return None  # one sequence and no custom config: mlx-lm's own code, MLX's ops
-        launches = fused_launches(router, calls, dt, FUSED)
         fused_norm, fused_residual = (launches[i] is not None for i in FUSED)
         if fused_residual:  # o's launch adds the residual: the post-attention norm alone after it
             calls[5] = ("rmsnorm", calls[5][1])
