@@ -9,8 +9,12 @@ Inputs: ``x`` ``(T, K)``, ``w_q`` uint32 ``(E, N, K * bits / 32)``, ``scales`` a
 ``out[t] = x[t] @ w[indices[t]].T``, ``(T, N)``.
 Built-in: ``mx.gather_qmm(..., transpose=True, sorted_indices=True)``.
 
-Two paths, a config axis (``path``):
+Three kinds of path, a config axis (``path``):
 
+- ``qmv`` and ``qmv_split`` (up to 64 pairs: decode): :mod:`.quantized_matmul_kernel`'s matvec, gathered
+  (``GATHER_QMV_SOURCE``): each pair's blocks read its expert's index and compute its one row of x against
+  that expert's weights, in any order of pairs (sorted or not). At one token, a pair's 2048x768 expert is
+  a few hundred KB, so the launch is short and the blocks of all pairs run at once.
 - ``mma`` (CUDA, float16 and bfloat16): :mod:`.quantized_mma`'s tensor-core kernel, gathered. A block takes
   ``mt`` (16 or 32) consecutive pairs and ``rpw`` output features; since the pairs come sorted, its pairs
   hold a run of experts, and it computes each expert present with that expert's weights, dequantized in
@@ -38,7 +42,12 @@ from ..render.dialect import source_version
 from ..render.launch import run
 from ..spec import BadShape, Config, GpuBackend, KernelBuildError, KernelFn, KernelSpec, Shape
 from . import affine, elementwise, quantized_mma
+from . import quantized_matmul_kernel as qmk
 from .quantized_matmul_kernel import DQ_TGS, DQ_VECS
+
+# pairs up to which the qmv paths are offered: a decode batch of 8 tokens at 8 experts each (each pair reads
+# its expert's weights itself, so at prefill sizes they would read every expert many times over)
+QMV_MAX_PAIRS = 64
 
 
 def _check(shape: Shape) -> None:
@@ -52,24 +61,35 @@ def _check(shape: Shape) -> None:
 def space(shape: Shape, dtype: str) -> list[Config]:
     t, k, n, e, bits, group = shape
     words_per_group = group * bits // 32
-    return quantized_mma.gather_space(shape, dtype) + [
+    qmv = qmk.qmv_space(1, k, n, bits, group) if t <= QMV_MAX_PAIRS else []
+    return qmv + quantized_mma.gather_space(shape, dtype) + [
         {"path": "dq", "vw": vec, "tg": tg} for vec in DQ_VECS for tg in DQ_TGS if words_per_group % vec == 0]
 
 
-# the tensor cores first where they are offered, then dequantize + gather_mm; within the path, the distance
-# (log2 per axis) from its typical winner
-TYPICAL: dict[str, Config] = {"mma": {"rpw": 32, "tg": 128, "unr": 1, "mt": 32}, "dq": {"vw": 1, "tg": 256}}
+# the qmv paths first at decode sizes (up to QMV_MAX_PAIRS), then the tensor cores where they are offered,
+# then dequantize + gather_mm; within the path, the distance (log2 per axis) from its typical winner
+TYPICAL: dict[str, Config] = {"qmv": {"rpw": 4, "vw": 4, "tg": 64, "unr": 1},
+                              "qmv_split": {"rpw": 4, "vw": 4, "tg": 128, "unr": 1},
+                              "mma": {"rpw": 32, "tg": 128, "unr": 1, "mt": 32}, "dq": {"vw": 1, "tg": 256}}
+RANKS = {"qmv": 0, "qmv_split": 0.5, "mma": 1, "dq": 2}
 
 
 def prior(shape: Shape, dtype: str, config: Config) -> float:
     path = str(config.get("path"))
     typical = TYPICAL.get(path, {})
-    rank = 0 if path == "mma" else 1
+    rank = RANKS.get(path, 3)
     return 10.0 * rank + sum(abs(math.log2(int(config[k]) / v)) for k, v in typical.items() if k in config)
 
 
 def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str) -> KernelFn:
     t, k, n, e, bits, group = shape
+    if config["path"] in ("qmv", "qmv_split"):
+        qmv_launch, out_dtype = qmk.gather_qmv_launch(config, t, k, n, bits, group, dtype), mx_dtype(dtype)
+
+        def qmv(inputs: Sequence[mx.array]) -> list[mx.array]:
+            return run(qmk.GATHER_QMV_SOURCE, backend, inputs, qmv_launch, [(t, n)], [out_dtype])
+
+        return qmv
     if config["path"] == "mma":
         if backend != "cuda":
             raise KernelBuildError("gather_quantized_matmul: the mma path runs on CUDA's tensor cores only")
@@ -129,19 +149,23 @@ def make_inputs(shape: Shape, dtype: str, seed: int) -> list[mx.array]:
 
 def bytes_moved(shape: Shape, dtype: str) -> int:
     t, k, n, e, bits, group = shape
-    used = min(e, t)  # experts a call can touch
+    # the experts a call reads: the expected number of distinct ones among t uniform draws (make_inputs'),
+    # e.g. 7.8 of 128 at 8 pairs, 50 at 64, every one at prefill sizes
+    used = round(e * (1.0 - (1.0 - 1.0 / e) ** t))
     return affine.weight_bytes(used * n, k, bits, group, dtype) + (t * k + t * n) * ITEMSIZE[dtype] + 4 * t
 
 
 SPEC = KernelSpec(
     name="gather_quantized_matmul",
-    description="MoE experts in MLX's affine format (pairs sorted by expert): tensor cores or dequantize + "
-                "gather_mm",
+    description="MoE experts in MLX's affine format (pairs sorted by expert): gathered matvec, tensor cores "
+                "or dequantize + gather_mm",
     dtypes=DTYPES,
     shape_doc="pairs x in x out x experts x bits x group",
     shapes={
         # Qwen3-30B-A3B's experts (hidden 2048, expert width 768, 128 experts, 8 per token)
-        "decode": [(64, 2048, 768, 128, 4, 64), (64, 768, 2048, 128, 4, 64)],
+        # 8 pairs: one token's experts; 64: a decode batch of 8
+        "decode": [(8, 2048, 768, 128, 4, 64), (8, 768, 2048, 128, 4, 64),
+                   (64, 2048, 768, 128, 4, 64), (64, 768, 2048, 128, 4, 64)],
         "large": [(16384, 2048, 768, 128, 4, 64), (16384, 768, 2048, 128, 4, 64),
                   (4096, 2048, 768, 128, 4, 64)],
     },
@@ -152,7 +176,8 @@ SPEC = KernelSpec(
     build=make,
     tolerances=affine.MATMUL_TOLERANCES,
     bytes_moved=bytes_moved,
-    version=source_version(__file__, affine.__file__, elementwise.__file__, quantized_mma.__file__),
+    version=source_version(__file__, affine.__file__, elementwise.__file__, quantized_mma.__file__,
+                           qmk.__file__),
     validate_shape=_check,
     # (40, 128, 32, 5, 8, 32): the mma path's tiles of 16 and 32 pairs holding runs of several experts, two
     # chunks (split K, two in flight) and 32-row blocks; (9, 256, 16, 3, 8, 32): one tile of 3 experts. Not

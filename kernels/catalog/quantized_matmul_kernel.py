@@ -59,7 +59,8 @@ QMV_BODY = r"""
   constexpr int OUTS = MR * RPW;
   constexpr int PARTS = KS > 1 ? (TG / 32) * OUTS : 1;  // the warps' sums where they split K
   KF_SHARED float part[PARTS];
-  const KF_SIZE n0 = (KF_SIZE(KF_GROUP) * (TG / 32 / KS) + KF_WARP / KS) * RPW;
+${PAIR_HEAD}
+  const KF_SIZE n0 = (KF_SIZE(${GROUP}) * (TG / 32 / KS) + KF_WARP / KS) * RPW;
   const int kw = KF_WARP % KS;
   if (n0 < KF_SIZE(N)) {
 ${PROLOGUE}
@@ -97,7 +98,7 @@ ${PROLOGUE}
             xs[m] = 0.0f;
 #pragma unroll
             for (int c = 0; c < XV / XL; ++c) {
-              kf_vec<T, XL> xv = kf_vload<XL>(x, (KF_SIZE(m) * K + w0 * PER) / XL + c);
+              kf_vec<T, XL> xv = kf_vload<XL>(x, (${XROW} * K + w0 * PER) / XL + c);
 ${XLOAD}
 #pragma unroll
               for (int e = 0; e < XL; ++e) {
@@ -229,7 +230,8 @@ _NORM_VALUE = "float(T(float(nv.v[e]) * float(T(float(xv.v[e]) * inv[m]))))"
 def _qmv_source(name: str, store: str, inputs: tuple[str, ...] = (), outputs: tuple[str, ...] = ("out",),
                 row: str = "(n0 + r)", pair: int = 1, store_k: str | None = None,
                 norm: float | None = None) -> KernelSource:
-    values = [("ROW", row), ("PAIR", str(pair)), ("STORE", store),
+    values = [("PAIR_HEAD", ""), ("GROUP", "KF_GROUP"), ("XROW", "KF_SIZE(m)"),
+              ("ROW", row), ("PAIR", str(pair)), ("STORE", store),
               ("STOREK", store if store_k is None else store_k),
               ("PROLOGUE", ""), ("XLOAD", ""), ("XVAL", "float(xv.v[e])")]
     if norm is not None:
@@ -252,6 +254,18 @@ def qmv_source(epilogue: str = "", norm: float | None = None) -> KernelSource:
         return _qmv_source("qmv_residual", _RESIDUAL, inputs=("res",), norm=norm)
     return _qmv_source("qmv", _PLAIN, norm=norm)
 
+
+# the gathered form (mixture-of-experts pairs, :mod:`.gather_quantized_matmul_kernel`): a pair's blocks are
+# consecutive groups of the grid, each reading its pair's expert from ``indices`` and its own row of x
+_GATHER_HEAD = """  constexpr KF_SIZE BPP = (KF_SIZE(N) + RPW * (TG / 32 / KS) - 1) / (RPW * (TG / 32 / KS));
+  const KF_SIZE pt = KF_SIZE(KF_GROUP) / BPP;
+  const KF_SIZE ex = KF_SIZE(indices[pt]);"""
+GATHER_QMV_SOURCE = KernelSource(
+    "gather_qmv", QMV_BODY, ("x", "wq", "scales", "biases", "indices"), ("out",),
+    (("PAIR_HEAD", _GATHER_HEAD), ("GROUP", "(KF_SIZE(KF_GROUP) % BPP)"), ("XROW", "pt"),
+     ("ROW", "(ex * N + n0 + r)"), ("PAIR", "1"), ("STORE", "            out[pt * N + n0 + r] = T(v);"),
+     ("STOREK", "            out[pt * N + n0 + r] = T(v);"), ("PROLOGUE", ""), ("XLOAD", ""),
+     ("XVAL", "float(xv.v[e])")))
 
 QMV_MAX_M = 8
 # the gated activations an epilogue computes: name -> its built-in on (gate, up)
@@ -282,20 +296,8 @@ def _qmv_fits(m: int, n: int, per: int, words_per_group: int, rpw: int, vw: int,
 
 def space(shape: Shape, dtype: str) -> list[Config]:
     m, k, n, bits, group = shape
-    per = 32 // bits
-    words_per_group = group // per
-    configs: list[Config] = []
-    if m <= QMV_MAX_M:
-        steps = ceil_div(k * bits // 32, 32)
-        configs += [{"path": "qmv", "rpw": rpw, "vw": vw, "tg": tg, "unr": unr}
-                    for rpw in RPWS for vw in VWS for tg in QMV_TGS for unr in UNRS
-                    if _qmv_fits(m, n, per, words_per_group, rpw, vw, unr)
-                    and (unr == 1 or unr <= ceil_div(steps, vw))]
-        # every warp of a block takes at least one block of unr steps
-        configs += [{"path": "qmv_split", "rpw": rpw, "vw": vw, "tg": tg, "unr": unr}
-                    for rpw in RPWS for vw in VWS for tg in SPLIT_TGS for unr in UNRS
-                    if _qmv_fits(m, n, per, words_per_group, rpw, vw, unr)
-                    and (tg // 32) * unr <= ceil_div(steps, vw)]
+    words_per_group = group * bits // 32
+    configs: list[Config] = qmv_space(m, k, n, bits, group) if m <= QMV_MAX_M else []
     # the same axes for every path: dq's vw is the words a thread dequantizes per step (rpw, unr fixed at 1)
     configs += quantized_mma.space(shape, dtype)
     configs += [{"path": "dq", "rpw": 1, "vw": vec, "tg": tg, "unr": 1} for vec in DQ_VECS for tg in DQ_TGS
@@ -421,18 +423,44 @@ def _qmv(config: Config, backend: GpuBackend, shape: Shape, dtype: str, kind: st
     return qmv
 
 
-def _qmv_launch(config: Config, shape: Shape, dtype: str, heads: tuple[int, ...] = ()) -> Launch:
+def _qmv_launch(config: Config, shape: Shape, dtype: str, heads: tuple[int, ...] = (), pairs: int = 0
+                ) -> Launch:
+    """qmv's geometry; with ``pairs``, the gathered form's (:data:`GATHER_QMV_SOURCE`): one x row a pair
+    and each pair's blocks in turn."""
     m, k, n, bits, group = shape
     rpw, vw, tg, unr = int(config["rpw"]), int(config["vw"]), int(config["tg"]), int(config["unr"])
     # warps sharing a row group's steps: qmv_split's whole block, qmv's one warp
     ks = tg // 32 if config["path"] == "qmv_split" else 1
-    groups = max(1, ceil_div(n // rpw, tg // 32 // ks))
+    groups = max(1, ceil_div(n // rpw, tg // 32 // ks)) * max(1, pairs)
     template: tuple[tuple[str, Any], ...] = (
         ("T", mx_dtype(dtype)), ("K", k), ("N", n), ("BITS", bits), ("GS", group), ("MR", m), ("RPW", rpw),
         ("VW", vw), ("TG", tg), ("UNR", unr), ("KS", ks))
     if heads:
         template += (("NQ", heads[1] * heads[3]), ("NKV", heads[2] * heads[3]))
     return Launch((groups * tg, 1, 1), (tg, 1, 1), template)
+
+
+def qmv_space(m: int, k: int, n: int, bits: int, group: int) -> list[Config]:
+    """qmv's and qmv_split's configs for ``m`` rows of x over an ``n x k`` weight."""
+    per = 32 // bits
+    words_per_group = group // per
+    steps = ceil_div(k * bits // 32, 32)
+    configs: list[Config] = [{"path": "qmv", "rpw": rpw, "vw": vw, "tg": tg, "unr": unr}
+                             for rpw in RPWS for vw in VWS for tg in QMV_TGS for unr in UNRS
+                             if _qmv_fits(m, n, per, words_per_group, rpw, vw, unr)
+                             and (unr == 1 or unr <= ceil_div(steps, vw))]
+    # every warp of a block takes at least one block of unr steps
+    configs += [{"path": "qmv_split", "rpw": rpw, "vw": vw, "tg": tg, "unr": unr}
+                for rpw in RPWS for vw in VWS for tg in SPLIT_TGS for unr in UNRS
+                if _qmv_fits(m, n, per, words_per_group, rpw, vw, unr)
+                and (tg // 32) * unr <= ceil_div(steps, vw)]
+    return configs
+
+
+def gather_qmv_launch(config: Config, pairs: int, k: int, n: int, bits: int, group: int, dtype: str
+                      ) -> Launch:
+    """The gathered qmv's launch: ``pairs`` (token, expert) pairs, each one row of x against its expert."""
+    return _qmv_launch(config, (1, k, n, bits, group), dtype, pairs=pairs)
 
 
 def _make(config: Config, backend: GpuBackend, shape: Shape, dtype: str) -> KernelFn:

@@ -16,7 +16,6 @@ from kernelfleet.kernels.common import normal
 from kernelfleet.kernels.render.launch import capture, intercept
 from kernelfleet.kernels.spec import BadShape
 from kernelfleet.kernels.testing import compile_strict, metal_kernel
-from kernelfleet.kernels.testing.metal_emu import Emulator
 from kernelfleet.kernels.testing.msl_clang import clang_path
 from kernelfleet.worker.backends.metal_emu import MetalEmuBackend
 
@@ -59,14 +58,6 @@ def _close(got: list[mx.array], want: list[mx.array], dtype: str) -> None:
         g32, w32 = g.astype(mx.float32), w.astype(mx.float32)
         err = mx.abs(g32 - w32) - (atol + rtol * mx.abs(w32))
         assert mx.all(err <= 0).item(), f"max excess {mx.max(err).item()}"
-
-
-@pytest.fixture(scope="module")
-def emu() -> MetalEmuBackend:
-    backend = MetalEmuBackend(Emulator(seed=0))
-    if not backend.available():
-        pytest.skip("the Metal emulator needs clang++")
-    return backend
 
 
 @pytest.mark.parametrize("norm", [None, 1e-5], ids=["", "norm"])
