@@ -11,7 +11,8 @@ Built-in: ``mx.gather_qmm(..., transpose=True, sorted_indices=True)``.
 
 Three kinds of path, a config axis (``path``):
 
-- ``qmv`` and ``qmv_split`` (up to 64 pairs: decode): :mod:`.quantized_matmul_kernel`'s matvec, gathered
+- ``qmv`` and ``qmv_split`` (up to 64 pairs: decode; below 64, where mlx-lm leaves the pairs unsorted, the
+  only paths offered): :mod:`.quantized_matmul_kernel`'s matvec, gathered
   (``GATHER_QMV_SOURCE``): each pair's blocks read its expert's index and compute its one row of x against
   that expert's weights, in any order of pairs (sorted or not). At one token, a pair's 2048x768 expert is
   a few hundred KB, so the launch is short and the blocks of all pairs run at once.
@@ -45,6 +46,9 @@ from . import affine, elementwise, quantized_mma
 from . import quantized_matmul_kernel as qmk
 from .quantized_matmul_kernel import DQ_TGS, DQ_VECS
 
+# mlx-lm's SwitchGLU sorts its pairs by expert from this many on; below, they come in the router's order,
+# which only the qmv paths take, so they are all the space offers there
+SORTED_MIN_PAIRS = 64
 # pairs up to which the qmv paths are offered: a decode batch of 8 tokens at 8 experts each (each pair reads
 # its expert's weights itself, so at prefill sizes they would read every expert many times over)
 QMV_MAX_PAIRS = 64
@@ -62,6 +66,8 @@ def space(shape: Shape, dtype: str) -> list[Config]:
     t, k, n, e, bits, group = shape
     words_per_group = group * bits // 32
     qmv = qmk.qmv_space(1, k, n, bits, group) if t <= QMV_MAX_PAIRS else []
+    if t < SORTED_MIN_PAIRS:
+        return qmv
     return qmv + quantized_mma.gather_space(shape, dtype) + [
         {"path": "dq", "vw": vec, "tg": tg} for vec in DQ_VECS for tg in DQ_TGS if words_per_group % vec == 0]
 
@@ -74,6 +80,16 @@ TYPICAL: dict[str, Config] = {"qmv": {"rpw": 4, "vw": 4, "tg": 64, "unr": 1},
 RANKS = {"qmv": 0, "qmv_split": 0.5, "mma": 1, "dq": 2}
 
 
+def default(shape: Shape, dtype: str) -> Config:
+    """Dequantize + gather_mm where the pairs come sorted; under 64 pairs (unsorted) qmv's typical config,
+    else its first that fits the shape."""
+    if shape[0] >= SORTED_MIN_PAIRS:
+        return {"path": "dq", "vw": 1, "tg": 256}
+    qmv = qmk.qmv_space(1, *shape[1:3], *shape[4:6])
+    typical = {"path": "qmv", **TYPICAL["qmv"]}
+    return typical if typical in qmv else qmv[0]
+
+
 def prior(shape: Shape, dtype: str, config: Config) -> float:
     path = str(config.get("path"))
     typical = TYPICAL.get(path, {})
@@ -81,10 +97,24 @@ def prior(shape: Shape, dtype: str, config: Config) -> float:
     return 10.0 * rank + sum(abs(math.log2(int(config[k]) / v)) for k, v in typical.items() if k in config)
 
 
-def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str) -> KernelFn:
+def _check_decode_form(shape: Shape, shared_x: int) -> None:
+    if shared_x < 1 or shape[0] % shared_x:
+        raise BadShape(f"gather_quantized_matmul: {shape[0]} pairs do not share x rows {shared_x} at a time")
+
+
+def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str, shared_x: int = 1,
+         sorted_pairs: bool = True) -> KernelFn:
+    """The kernel for ``config``. The decode form, for the qmv paths alone (order-free): ``shared_x`` pairs
+    in a row share one row of x (a token's experts at up and gate: x is ``(T / shared_x, K)``), and
+    ``sorted_pairs`` False says the pairs are in the router's order."""
     t, k, n, e, bits, group = shape
+    _check_decode_form(shape, shared_x)
+    if config["path"] not in ("qmv", "qmv_split") and (shared_x != 1 or not sorted_pairs):
+        raise KernelBuildError(f"gather_quantized_matmul: the {config['path']} path takes sorted pairs, one "
+                               "row of x each")
     if config["path"] in ("qmv", "qmv_split"):
-        qmv_launch, out_dtype = qmk.gather_qmv_launch(config, t, k, n, bits, group, dtype), mx_dtype(dtype)
+        qmv_launch = qmk.gather_qmv_launch(config, t, k, n, bits, group, dtype, shared_x)
+        out_dtype = mx_dtype(dtype)
 
         def qmv(inputs: Sequence[mx.array]) -> list[mx.array]:
             return run(qmk.GATHER_QMV_SOURCE, backend, inputs, qmv_launch, [(t, n)], [out_dtype])
@@ -130,12 +160,15 @@ def reference(inputs: Sequence[mx.array]) -> list[mx.array]:
     return [out.reshape(x.shape[0], n)]
 
 
-def builtin(inputs: Sequence[mx.array]) -> list[mx.array]:
+def builtin(inputs: Sequence[mx.array], shared_x: int = 1, sorted_pairs: bool = True) -> list[mx.array]:
+    """``mx.gather_qmm`` on the pairs (:func:`make`'s decode form: x rows shared, pairs unsorted)."""
     x, wq, sc, bi, idx = inputs
     bits, group = _format(inputs)
-    out = mx.gather_qmm(x[:, None, :], wq, sc, bi, rhs_indices=idx, transpose=True, group_size=group,
-                        bits=bits, sorted_indices=True)
-    return [out.reshape(x.shape[0], -1)]
+    pairs = int(idx.shape[0])
+    lhs = None if shared_x == 1 else mx.arange(pairs, dtype=mx.uint32) // shared_x
+    out = mx.gather_qmm(x[:, None, :], wq, sc, bi, lhs_indices=lhs, rhs_indices=idx, transpose=True,
+                        group_size=group, bits=bits, sorted_indices=sorted_pairs)
+    return [out.reshape(pairs, -1)]
 
 
 def make_inputs(shape: Shape, dtype: str, seed: int) -> list[mx.array]:
@@ -179,11 +212,12 @@ SPEC = KernelSpec(
     version=source_version(__file__, affine.__file__, elementwise.__file__, quantized_mma.__file__,
                            qmk.__file__),
     validate_shape=_check,
-    # (40, 128, 32, 5, 8, 32): the mma path's tiles of 16 and 32 pairs holding runs of several experts, two
-    # chunks (split K, two in flight) and 32-row blocks; (9, 256, 16, 3, 8, 32): one tile of 3 experts. Not
+    # (72, 128, 32, 5, 8, 32): the mma path's tiles of 16 and 32 pairs holding runs of several experts, two
+    # chunks (split K, two in flight) and 32-row blocks, a last tile partial; (9, 256, 16, 3, 8, 32) and
+    # (24, ...): the qmv paths alone (under 64 pairs). Not
     # 4 bits at K=256: MLX's CPU gather_qmm in bfloat16 (the built-in, checked here too) was off by 0.17-0.25
-    test_shapes=[(24, 128, 16, 4, 4, 64), (9, 256, 16, 3, 8, 32), (40, 128, 32, 5, 8, 32)],
-    default=lambda shape, dtype: {"path": "dq", "vw": 1, "tg": 256},
+    test_shapes=[(24, 128, 16, 4, 4, 64), (9, 256, 16, 3, 8, 32), (72, 128, 32, 5, 8, 32)],
+    default=default,
     prior=prior,
     config_backends=quantized_mma.config_backends,
     # x, the output, and the dq path's dense weights of every expert

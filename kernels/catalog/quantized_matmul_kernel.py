@@ -256,13 +256,14 @@ def qmv_source(epilogue: str = "", norm: float | None = None) -> KernelSource:
 
 
 # the gathered form (mixture-of-experts pairs, :mod:`.gather_quantized_matmul_kernel`): a pair's blocks are
-# consecutive groups of the grid, each reading its pair's expert from ``indices`` and its own row of x
+# consecutive groups of the grid, each reading its pair's expert from ``indices`` and its row of x (``XDIV``
+# pairs in a row share one: a token's experts at up and gate)
 _GATHER_HEAD = """  constexpr KF_SIZE BPP = (KF_SIZE(N) + RPW * (TG / 32 / KS) - 1) / (RPW * (TG / 32 / KS));
   const KF_SIZE pt = KF_SIZE(KF_GROUP) / BPP;
   const KF_SIZE ex = KF_SIZE(indices[pt]);"""
 GATHER_QMV_SOURCE = KernelSource(
     "gather_qmv", QMV_BODY, ("x", "wq", "scales", "biases", "indices"), ("out",),
-    (("PAIR_HEAD", _GATHER_HEAD), ("GROUP", "(KF_SIZE(KF_GROUP) % BPP)"), ("XROW", "pt"),
+    (("PAIR_HEAD", _GATHER_HEAD), ("GROUP", "(KF_SIZE(KF_GROUP) % BPP)"), ("XROW", "(pt / XDIV)"),
      ("ROW", "(ex * N + n0 + r)"), ("PAIR", "1"), ("STORE", "            out[pt * N + n0 + r] = T(v);"),
      ("STOREK", "            out[pt * N + n0 + r] = T(v);"), ("PROLOGUE", ""), ("XLOAD", ""),
      ("XVAL", "float(xv.v[e])")))
@@ -457,10 +458,12 @@ def qmv_space(m: int, k: int, n: int, bits: int, group: int) -> list[Config]:
     return configs
 
 
-def gather_qmv_launch(config: Config, pairs: int, k: int, n: int, bits: int, group: int, dtype: str
-                      ) -> Launch:
-    """The gathered qmv's launch: ``pairs`` (token, expert) pairs, each one row of x against its expert."""
-    return _qmv_launch(config, (1, k, n, bits, group), dtype, pairs=pairs)
+def gather_qmv_launch(config: Config, pairs: int, k: int, n: int, bits: int, group: int, dtype: str,
+                      shared_x: int = 1) -> Launch:
+    """The gathered qmv's launch: ``pairs`` (token, expert) pairs, each one row of x against its expert,
+    ``shared_x`` pairs in a row on the same row of x."""
+    plain = _qmv_launch(config, (1, k, n, bits, group), dtype, pairs=pairs)
+    return Launch(plain.grid, plain.threadgroup, (*plain.template, ("XDIV", shared_x)))
 
 
 def _make(config: Config, backend: GpuBackend, shape: Shape, dtype: str) -> KernelFn:

@@ -9,8 +9,9 @@ override, else by the default, and leaves a layer whose input features are not a
 group size in full precision. Each quantized linear layer then calls ``quantized_matmul`` at
 ``M x K x N x bits x group_size`` for every token count M the model meets, and each quantized MoE
 expert projection (mlx-lm's ``SwitchLinear``) ``gather_quantized_matmul`` at ``T x K x N x E x bits x
-group_size``, T = tokens x experts per token, where ``SwitchGLU`` sorts the pairs by expert (T >= 64):
-the catalog's kernel takes sorted pairs only, so smaller calls (decode) keep MLX's ``gather_qmm``.
+group_size``, T = tokens x experts per token: sorted by expert where ``SwitchGLU`` sorts the pairs
+(T >= 64), in the router's order below (decode), where the kernel's qmv paths take them as they come
+(the Qwen3-MoE decoder layer block runs those; a ``SwitchLinear`` patched alone keeps MLX's op there).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from .model_quant import GATHER, KERNEL, MODE, format_refusal
 
 EXPERTS = "experts"  # mlx-lm's SwitchLinear: mx.gather_qmm once quantized
 TIED = "tied"  # the LM head computed as embed_tokens.as_linear
-SORTED_MIN_PAIRS = 64  # SwitchGLU sorts its (token, expert) pairs by expert from this many on
 
 
 class Linear(NamedTuple):
@@ -97,7 +97,6 @@ def plan_quantized(config: dict[str, Any], layers: Sequence[Linear],
     position = {layer.path: i for i, layer in enumerate(layers)}  # plan in the model's order
     # a joined entry's path starts with its first layer's: "<q_proj's path>+k_proj+v_proj"
     first = {fmt: min(position[p.split("+")[0]] for p in paths) for fmt, paths in formats.items()}
-    unsorted = []
     for fmt, paths in sorted(formats.items(), key=lambda item: first[item[0]]):
         k, n, bits, group = fmt[0], fmt[1], fmt[-2], fmt[-1]
         if len(fmt) == 4:
@@ -105,16 +104,11 @@ def plan_quantized(config: dict[str, Any], layers: Sequence[Linear],
                 [(m, k, n, bits, group) for m in rows])
             continue
         e, per_token = fmt[2], fmt[3]
-        pairs = [m * per_token for m in rows if m * per_token >= SORTED_MIN_PAIRS]
-        unsorted += [m for m in rows if m * per_token < SORTED_MIN_PAIRS and m not in unsorted]
+        pairs = [m * per_token for m in rows]
         where = f"{e} experts, {k} -> {n}, {bits}-bit group {group}, {per_token} a token: {_where(paths)}"
         add(GATHER, where, [(t, k, n, e, bits, group) for t in pairs])
     for why, paths in refused.items():
         notes.append(f"{KERNEL} left out for {_where(paths)}: {why}; these layers keep MLX's op")
-    if unsorted:
-        notes.append(f"{GATHER} left out at {', '.join(map(str, unsorted))} tokens: fewer than "
-                     f"{SORTED_MIN_PAIRS} (token, expert) pairs, which mlx-lm does not sort by expert "
-                     "(the kernel takes sorted pairs): MLX's gather_qmm runs there")
     if tied:
         notes.append("the LM head is the tied embedding (embed_tokens.as_linear, a quantized matmul outside "
                      "any QuantizedLinear): not planned")

@@ -92,7 +92,11 @@ class Router:
 
     def picks(self, *calls: tuple[str, Shape, Any]) -> bool:
         """Whether any of these (kernel, shape, dtype) calls has a custom config in the profile."""
-        return any(self._choice(*c)[1] is not None for c in calls)
+        return any(self.pick(*c) is not None for c in calls)
+
+    def pick(self, kernel: str, shape: Shape, dt: Any) -> Config | None:
+        """The profile's custom config for a call, on any backend (:meth:`choice` is what runs here)."""
+        return self._choice(kernel, shape, dt)[1]
 
     def own(self, orig: Call, module: Any, *args: Any, **kwargs: Any) -> Any:
         self._module[0] += 1

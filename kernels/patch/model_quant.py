@@ -38,6 +38,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..catalog.gather_quantized_matmul_kernel import SORTED_MIN_PAIRS
 from ..common import prod
 from ..render.launch import interceptor
 from ..spec import Shape
@@ -261,7 +262,10 @@ def quantized_experts(m: nn.Module) -> Site | None:
         t = pairs(shape)
         return [] if t is None else [(GATHER, (t, *tail))]
 
-    return Site("quantized experts", {GATHER: lambda s: len(s) == 6 and s[1:] == tail},
+    # its calls are the sorted ones: a profile entry under 64 pairs (the decode form, which the Qwen3-MoE
+    # layer block runs) is not this site's
+    return Site("quantized experts",
+                {GATHER: lambda s: len(s) == 6 and s[1:] == tail and s[0] >= SORTED_MIN_PAIRS},
                 f"{e} experts, {k} -> {n}, {bits}-bit, group {group}", plan, None, bind=bind,
                 describe=lambda s: f"T={s[0]}")
 

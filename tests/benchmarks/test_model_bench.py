@@ -56,11 +56,13 @@ def test_tiny_run_end_to_end() -> None:
            "swiglu: custom at M=2, M=16; rmsnorm: custom at M=2, M=16; add_rmsnorm: custom at M=2, " \
            "M=16" in out
     # Qwen3-MoE's decoder layers as one block each (model_moe_layer): q/k/v joined, o, the 8-bit router
-    # and the experts (gather_quantized_matmul, sorted by expert at 16 tokens x 4 experts)
+    # and the experts (gather_quantized_matmul, sorted by expert at 16 tokens x 4 experts; at decode batch 2,
+    # 8 pairs in the router's order, the decode form's qmv)
     assert "patched  quantized MoE decoder layer (128 -> 128 + 64 + 64 | 32 experts, top 4, " \
            "128 -> 64 -> 128, 4-bit, group 64 (router 8-bit group 64), float32) x2: profile: " \
            "quantized_matmul: custom at M=2 " \
            "q/k/v (qmv), M=2 o (qmv), M=2 router (qmv); built-in at M=16 q/k/v, M=16 o, M=16 router; " \
-           "gather_quantized_matmul: custom at T=64 gate/up (dq), T=64 down (dq)" in out
+           "gather_quantized_matmul: custom at T=8 gate/up (qmv), T=64 gate/up (dq), T=8 down (qmv), " \
+           "T=64 down (dq)" in out
     assert "moe router + combine" in out and "swiglu (experts)" in out
     assert out.count("modules patched, 0 kept") == 4  # tiny mode's profile: every planned call custom

@@ -15,6 +15,7 @@ from kernelfleet.kernels.catalog import affine
 from kernelfleet.kernels.catalog import gather_quantized_matmul_kernel as gqm
 from kernelfleet.kernels.catalog import quantized_matmul_kernel as qmk
 from kernelfleet.kernels.render.launch import capture, intercept, run
+from kernelfleet.kernels.spec import BadShape, KernelBuildError
 from kernelfleet.worker.backends.metal_emu import MetalEmuBackend
 
 K, N, E = 512, 16, 6  # K 512: 2 steps of a row at vw 1, so qmv_split's 2 warps each take one
@@ -82,11 +83,15 @@ def test_a_planted_bug_fails_the_check(mutant: str, emu: MetalEmuBackend) -> Non
     assert not _close(bad, want, "float32")
 
 
-def test_qmv_paths_stop_at_decode_sizes() -> None:
-    """Past a decode batch of 8 tokens (64 pairs) each pair reading its expert would reread experts: the
-    space offers the tensor cores and dequantize + gather_mm there."""
-    assert {c["path"] for c in gqm.space((64, 2048, 768, 128, 4, 64), "bfloat16")} >= {"qmv", "qmv_split"}
-    assert not {c["path"] for c in gqm.space((65, 2048, 768, 128, 4, 64), "bfloat16")} & {"qmv", "qmv_split"}
+def test_the_space_follows_mlx_lms_sort() -> None:
+    """Under 64 pairs mlx-lm leaves them in the router's order: the qmv paths alone. From 64 (sorted) the
+    tensor cores and dequantize + gather_mm too; past a decode batch of 8 tokens (64 pairs) each pair
+    reading its expert would reread experts, so the qmv paths stop."""
+    def paths(t: int) -> set[str]:
+        return {str(c["path"]) for c in gqm.space((t, 2048, 768, 128, 4, 64), "bfloat16")}
+    assert paths(8) == paths(63) == {"qmv", "qmv_split"}
+    assert paths(64) == {"qmv", "qmv_split", "mma", "dq"}
+    assert paths(65) == {"mma", "dq"}
 
 
 def test_bytes_count_the_experts_a_call_reads() -> None:
@@ -95,3 +100,29 @@ def test_bytes_count_the_experts_a_call_reads() -> None:
     expert = affine.weight_bytes(768, 2048, 4, 64, "bfloat16")
     assert 7 * expert < one < 9 * expert
     assert gqm.bytes_moved((16384, 2048, 768, 128, 4, 64), "bfloat16") > 128 * expert
+
+
+@pytest.mark.parametrize("config", CONFIGS[::2], ids=lambda c: c["path"])
+def test_a_tokens_experts_share_its_row(config: dict[str, int], emu: MetalEmuBackend) -> None:
+    """The decode form of up and gate (``shared_x``): two tokens' 4 experts each, x one row a token, the
+    pairs in the router's order; the kernel and the built-in both match the reference on x repeated."""
+    experts = [3, 0, 5, 1, 1, 4, 2, 0]
+    shape = (len(experts), K, N, E, 4, 32)
+    inputs = _inputs(len(experts), "float32", experts)
+    tokens = inputs[0][::4]  # rows 0 and 4: one a token
+    want = gqm.reference([mx.repeat(tokens, 4, axis=0), *inputs[1:]])[0]
+    shared = [tokens, *inputs[1:]]
+    with intercept(emu.launch):
+        got = gqm.make(config, "metal", shape, "float32", shared_x=4, sorted_pairs=False)(shared)[0]
+        mx.eval(got)
+    assert _close(got, want, "float32")
+    assert _close(gqm.builtin(shared, shared_x=4, sorted_pairs=False)[0], want, "float32")
+
+
+def test_sorted_paths_refuse_the_decode_form() -> None:
+    """The tensor cores' and dequantize's paths take sorted pairs, a row of x each."""
+    dq = next(c for c in gqm.space((64, K, N, E, 4, 32), "float32") if c["path"] == "dq")
+    with pytest.raises(KernelBuildError, match="sorted pairs"):
+        gqm.make(dq, "metal", (64, K, N, E, 4, 32), "float32", sorted_pairs=False)
+    with pytest.raises(BadShape, match="share x rows"):
+        gqm.make(CONFIGS[0], "metal", (8, K, N, E, 4, 32), "float32", shared_x=3)

@@ -79,8 +79,8 @@ def profile_for(config: dict[str, Any], bits: int, group: int, dtype: str = "flo
                 quantization: dict[str, Any] | None = None) -> dict[str, Any]:
     """``quantized_matmul`` and ``gather_quantized_matmul`` at every shape the planner derives from the
     config's quantization (``bits`` and ``group`` for every layer, or ``quantization`` as config.json holds
-    it, with its per-layer overrides): the qmv path at one token, dequantize + matmul above (the kernels'
-    configs; on CPU they run the built-ins)."""
+    it, with its per-layer overrides): the qmv path at one token and for unsorted experts (under 64 pairs),
+    dequantize + matmul above (the kernels' configs; on CPU they run the built-ins)."""
     quantization = quantization or {"bits": bits, "group_size": group}
     plan = derive({**config, "quantization": quantization}, decode=decode, prefill=prefill, verify=(),
                   dtypes=[dtype])
@@ -88,7 +88,9 @@ def profile_for(config: dict[str, Any], bits: int, group: int, dtype: str = "flo
     for kernel in ("quantized_matmul", "gather_quantized_matmul"):
         spec = get_spec(kernel)
         for s in plan.kernel_shapes.get(kernel, []):
-            path = "qmv" if parse_shape(s)[0] == 1 and kernel == "quantized_matmul" else "dq"
+            m = parse_shape(s)[0]  # tokens, or (token, expert) pairs: unsorted below 64
+            qmv = m == 1 if kernel == "quantized_matmul" else m < 64
+            path = "qmv" if qmv else "dq"
             config_ = next(c for c in spec.space(parse_shape(s), dtype) if c["path"] == path)
             entries.append({"kernel": kernel, "shape": s, "dtype": dtype, "config": config_})
     return {"schema": "kernelfleet-profile/1", "chip": "test", "entries": entries}
