@@ -49,6 +49,8 @@ from .quantized_matmul_kernel import DQ_TGS, DQ_VECS
 # mlx-lm's SwitchGLU sorts its pairs by expert from this many on; below, they come in the router's order,
 # which only the qmv paths take, so they are all the space offers there
 SORTED_MIN_PAIRS = 64
+# the paths that take pairs in any order, and so the decode form (make's shared_x, sorted_pairs)
+ORDER_FREE = ("qmv", "qmv_split")
 # pairs up to which the qmv paths are offered: a decode batch of 8 tokens at 8 experts each (each pair reads
 # its expert's weights itself, so at prefill sizes they would read every expert many times over)
 QMV_MAX_PAIRS = 64
@@ -109,10 +111,10 @@ def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str, shared_x
     ``sorted_pairs`` False says the pairs are in the router's order."""
     t, k, n, e, bits, group = shape
     _check_decode_form(shape, shared_x)
-    if config["path"] not in ("qmv", "qmv_split") and (shared_x != 1 or not sorted_pairs):
+    if config["path"] not in ORDER_FREE and (shared_x != 1 or not sorted_pairs):
         raise KernelBuildError(f"gather_quantized_matmul: the {config['path']} path takes sorted pairs, one "
                                "row of x each")
-    if config["path"] in ("qmv", "qmv_split"):
+    if config["path"] in ORDER_FREE:
         qmv_launch = qmk.gather_qmv_launch(config, t, k, n, bits, group, dtype, shared_x)
         out_dtype = mx_dtype(dtype)
 
@@ -161,10 +163,12 @@ def reference(inputs: Sequence[mx.array]) -> list[mx.array]:
 
 
 def builtin(inputs: Sequence[mx.array], shared_x: int = 1, sorted_pairs: bool = True) -> list[mx.array]:
-    """``mx.gather_qmm`` on the pairs (:func:`make`'s decode form: x rows shared, pairs unsorted)."""
+    """``mx.gather_qmm`` on the pairs (:func:`make`'s decode form: x rows shared, pairs unsorted; the indices
+    in any shape, read in order, as the kernels read them)."""
     x, wq, sc, bi, idx = inputs
     bits, group = _format(inputs)
-    pairs = int(idx.shape[0])
+    pairs = idx.size
+    idx = idx if idx.ndim == 1 else idx.reshape(pairs)
     lhs = None if shared_x == 1 else mx.arange(pairs, dtype=mx.uint32) // shared_x
     out = mx.gather_qmm(x[:, None, :], wq, sc, bi, lhs_indices=lhs, rhs_indices=idx, transpose=True,
                         group_size=group, bits=bits, sorted_indices=sorted_pairs)

@@ -51,7 +51,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..catalog.gather_quantized_matmul_kernel import SORTED_MIN_PAIRS
+from ..catalog.gather_quantized_matmul_kernel import ORDER_FREE, SORTED_MIN_PAIRS
 from ..common import prod
 from ..spec import Config, Shape
 from .model_layer import (
@@ -91,8 +91,6 @@ from .model_quant import (
 )
 
 KIND = "quantized MoE decoder layer"
-# gather_quantized_matmul's paths that take (token, expert) pairs in any order (its decode form)
-ORDER_FREE = ("qmv", "qmv_split")
 FUSED = (1, 4)  # the plan's calls whose launches do the work around them (q/k/v, o)
 # mlx-lm's qwen3_moe Attention.__call__ (mlx-lm 0.32): llama's, with q_norm and k_norm over the head dim
 ATTENTION_LINES = (
@@ -351,14 +349,19 @@ def _post_graph(runners: tuple[Any, ...], shape: tuple[int, ...], how: tuple[int
     def gathered(run: Any, x: mx.array, w: mx.array, s: mx.array, bi: mx.array, lhs: mx.array, idx: mx.array,
                  n: int, fmt: tuple[int, int]) -> mx.array:
         """One expert projection as mlx-lm's QuantizedSwitchLinear calls gather_qmm, or the profile's
-        gather_quantized_matmul: on the sorted pairs (x of (pairs, 1, K)), or unsorted (x a token's row,
-        (rows, 1, 1, K), at up and gate; a pair's, (rows, topk, 1, K), at down). Its output has
-        gather_qmm's shape, the pairs' shape then (1, n)."""
+        gather_quantized_matmul: on the sorted pairs (x of (pairs, 1, K)), or unsorted, in its decode form
+        (x as rows: a token's at up and gate, a pair's at down; the output (pairs, n), no reshapes, since
+        each is a primitive a host-bound decode step pays for)."""
         if run is None:
+            if not sort and x.ndim == 2:  # down after the decode form's up and gate: gather_qmm's layout
+                x = x.reshape(rows, topk, 1, x.shape[-1])
             return mx.gather_qmm(x, w, s, bi, lhs_indices=lhs, rhs_indices=idx, transpose=True,
                                  group_size=fmt[1], bits=fmt[0], mode=MODE, sorted_indices=sort)
-        out: mx.array = run([x.reshape(-1, x.shape[-1]), w, s, bi, idx.flatten().astype(mx.uint32)])[0]
-        return out.reshape(*idx.shape, 1, n)
+        if sort:
+            out: mx.array = run([x.reshape(pairs, x.shape[-1]), w, s, bi, idx.astype(mx.uint32)])[0]
+            return out.reshape(pairs, 1, n)
+        rows_x = x if x.ndim == 2 else x.reshape(-1, x.shape[-1])
+        return run([rows_x, w, s, bi, idx])[0]
 
     def post(x: mx.array, attn: mx.array, ow: mx.array, os_: mx.array, ob: mx.array, norm: mx.array,
              rw: mx.array, rs: mx.array, rb: mx.array, uw: mx.array, us: mx.array, ub: mx.array,
@@ -381,8 +384,10 @@ def _post_graph(runners: tuple[Any, ...], shape: tuple[int, ...], how: tuple[int
             order = mx.argsort(flat)
             inv_order = mx.argsort(order)
             xs, idx = normed.reshape(rows, 1, k)[order // topk], flat[order]
-        else:
+        elif up_run is None:
             xs, idx = normed.reshape(rows, 1, 1, k), inds
+        else:  # the decode form: x the tokens' rows, the indices made contiguous once for the three launches
+            xs, idx = normed, mx.contiguous(inds)
         x_up = gathered(up_run, xs, uw, us, ub, token_rows, idx, inter, (bits, group))
         x_gate = gathered(gate_run, xs, gw, gs, gb, token_rows, idx, inter, (bits, group))
         y = gathered(down_run, swiglu(x_gate, x_up), dw, ds, db, pair_rows, idx, k, (down_bits, down_group))

@@ -26,7 +26,7 @@ shape, so a decode step makes one call from Python for it instead of four.
 
 mlx-lm's ``QuantizedSwitchLinear`` (MoE experts, ``mx.gather_qmm``) runs the catalog's
 ``gather_quantized_matmul`` where ``SwitchGLU`` hands it (token, expert) pairs sorted by expert
-(:func:`quantized_experts`); its unsorted calls (decode) keep MLX's op.
+(:func:`quantized_experts`); its unsorted calls (decode) its decode form, where the profile picks it.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..catalog.gather_quantized_matmul_kernel import SORTED_MIN_PAIRS
+from ..catalog.gather_quantized_matmul_kernel import ORDER_FREE, SORTED_MIN_PAIRS
 from ..common import prod
 from ..render.launch import interceptor
 from ..spec import Shape
@@ -222,7 +222,9 @@ def quantized_experts(m: nn.Module) -> Site | None:
     """mlx-lm's ``QuantizedSwitchLinear`` (MoE experts, ``mx.gather_qmm``) through the catalog's
     ``gather_quantized_matmul``, which takes (token, expert) pairs sorted by expert: the calls
     ``SwitchGLU`` makes once it routes 64 pairs or more (prefill, larger batches), with ``x`` of
-    ``(T, 1, K)`` and ``T`` indices. Its unsorted calls (decode) keep MLX's op."""
+    ``(T, 1, K)`` and ``T`` indices. Its unsorted calls (decode: ``x`` of ``(..., 1, 1, K)`` a token at up
+    and gate, ``(..., experts, 1, K)`` a pair at down, indices ``(..., experts)``) run the kernel's decode
+    form where the profile picks an order-free path at those pairs (:func:`_unsorted`), else MLX's op."""
     fmt = experts_format(m)
     if fmt is None:
         return None
@@ -238,7 +240,9 @@ def quantized_experts(m: nn.Module) -> Site | None:
 
     def bind(router: Router, shape: tuple[int, ...], dt: Any, own: Call) -> Call | None:
         t = pairs(shape)
-        if t is None or not router.picks(call := (GATHER, (t, *tail), dt)):
+        if t is None:
+            return _unsorted(router, shape, dt, own, tail)
+        if not router.picks(call := (GATHER, (t, *tail), dt)):
             return None
         counter, runner = router.resolved(*call, {})
 
@@ -262,12 +266,51 @@ def quantized_experts(m: nn.Module) -> Site | None:
         t = pairs(shape)
         return [] if t is None else [(GATHER, (t, *tail))]
 
-    # its calls are the sorted ones: a profile entry under 64 pairs (the decode form, which the Qwen3-MoE
-    # layer block runs) is not this site's
-    return Site("quantized experts",
-                {GATHER: lambda s: len(s) == 6 and s[1:] == tail and s[0] >= SORTED_MIN_PAIRS},
+    return Site("quantized experts", {GATHER: lambda s: len(s) == 6 and s[1:] == tail},
                 f"{e} experts, {k} -> {n}, {bits}-bit, group {group}", plan, None, bind=bind,
                 describe=lambda s: f"T={s[0]}")
+
+
+def _unsorted(router: Router, shape: tuple[int, ...], dt: Any, own: Call, tail: tuple[int, ...]
+              ) -> Call | None:
+    """A ``QuantizedSwitchLinear`` call on unsorted pairs, x of ``shape``: ``gather_quantized_matmul``'s
+    decode form (``shared_x`` pairs a row of x, in the router's order) where the profile picks an
+    order-free path at the call's pairs, else MLX's op. The pairs come with the indices, so the first call
+    per indices shape decides: x's rows must be the indices' leading rows, one a pair or one for all the
+    experts of a token (gather_qmm's broadcast as SwitchGLU calls it)."""
+    k, n = tail[0], tail[1]
+    if len(shape) < 4 or shape[-2] != 1 or shape[-1] != k:
+        return None
+    lead = shape[:-2]
+    decided: dict[tuple[int, ...], tuple[list[int], Any] | None] = {}
+
+    def decide(ishape: tuple[int, ...]) -> tuple[list[int], Any] | None:
+        if lead == ishape:
+            shared = 1  # a row a pair: down
+        elif lead == (*ishape[:-1], 1):
+            shared = ishape[-1]  # a token's row for its experts: up and gate
+        else:
+            return None
+        pairs = prod(ishape)
+        pick = router.pick(GATHER, (pairs, *tail), dt)
+        if pairs >= SORTED_MIN_PAIRS or pick is None or pick.get("path") not in ORDER_FREE:
+            return None
+        params = {"sorted_pairs": False, **({"shared_x": shared} if shared > 1 else {})}
+        return router.resolved(GATHER, (pairs, *tail), dt, {}, params)
+
+    def gathered(self: Any, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
+        ishape = tuple(indices.shape)
+        if ishape not in decided:
+            decided[ishape] = None if sorted_indices else decide(ishape)
+        hit = decided[ishape]
+        if hit is None or sorted_indices:
+            return own(self, x, indices, sorted_indices)
+        counter, runner = hit
+        counter[0] += 1
+        idx = indices if indices.dtype == mx.uint32 else indices.astype(mx.uint32)  # as the kernel reads them
+        out: mx.array = runner([x.reshape(-1, k), self["weight"], self["scales"], self["biases"], idx])[0]
+        return out.reshape(*ishape, 1, n)
+    return gathered
 
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")

@@ -248,3 +248,18 @@ def test_a_fused_launch_takes_the_runner_up_where_the_built_in_won_alone(
     report = kernelfleet.patch(model, profile=noisy)
     kernelfleet.unpatch(model)
     assert "M=1 q/k/v (qmv, fused; 1.01x alone)" in layers(report)[0].reason
+
+
+def test_experts_patched_alone_run_the_decode_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the block (a layer it refuses, another model's SwitchGLU) each QuantizedSwitchLinear is
+    patched alone: on the Metal emulator a decode step's unsorted experts launch the gathered qmv, up and
+    gate on the token's one row, down on each pair's, and the logits stay the stock model's."""
+    from kernelfleet.kernels.patch import model_patch
+
+    moe_block = model_moe_layer.quantized_moe_decoder_layer
+    blocks = tuple(b for b in model_patch.QUANTIZED_BLOCKS if b is not moe_block)
+    monkeypatch.setattr(model_patch, "QUANTIZED_BLOCKS", blocks)
+    config, model = model_of(4, 32)
+    stock, patched, names = emulated_step(monkeypatch, model, profile(config, 4, 32, prefill=()))
+    assert names.count("kf_gather_qmv") == 3 * 2, names  # up, gate and down in each of the 2 layers
+    assert close(stock, patched) <= LOGIT_TOL

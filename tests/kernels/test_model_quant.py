@@ -178,10 +178,14 @@ def test_quantized_layers_take_the_profile_and_keep_the_logits(config: dict[str,
     # each block call: gate/up joined and down custom, the activation (untuned) the built-in
     assert all(m.calls == {"custom": 4, "builtin": 2, "module": 0} for m in mlps), [m.calls for m in mlps]
     assert all(m.calls == {"custom": 2, "builtin": 0, "module": 0} for m in attns), [m.calls for m in attns]
-    if config["model_type"] == "qwen3_moe":  # 7 tokens x 2 experts: too few pairs for the sorted kernel
+    if config["model_type"] == "qwen3_moe":  # 7 tokens x 2 experts: unsorted, the decode form's qmv
         experts = [m for m in report.modules if m.kind == "quantized experts"]
-        assert len(experts) == 3 and not any(m.patched for m in experts)
-        assert experts[0].reason == "gather_quantized_matmul: untuned and no confident prediction"
+        assert len(experts) == 3 and all(m.patched for m in experts)
+        assert experts[0].reason == "profile: gather_quantized_matmul: custom at T=2 (qmv), T=14 (qmv)", \
+            experts[0].reason
+        # the prefill and the decode step, each on the router's order
+        assert all(m.calls == {"custom": 2, "builtin": 0, "module": 0} for m in experts), \
+            [m.calls for m in experts]
     kernelfleet.unpatch(model)
     assert all(type(m) is nn.QuantizedLinear for _, m in model.named_modules()
                if isinstance(m, nn.QuantizedLinear))
@@ -382,10 +386,10 @@ def test_where_custom_kernels_run_each_layer_launches_its_path(monkeypatch: pyte
     kernelfleet.unpatch(model)
 
 
-def test_moe_experts_take_the_gathered_kernel_where_their_pairs_are_sorted() -> None:
+def test_moe_experts_take_the_gathered_kernel_sorted_and_in_the_routers_order() -> None:
     """A 40-token prefill routes 80 (token, expert) pairs: SwitchGLU sorts them by expert and each expert
-    projection runs gather_quantized_matmul at T=80; the decode step after it (2 pairs, unsorted) runs
-    MLX's gather_qmm. The logits stay stock's."""
+    projection runs gather_quantized_matmul at T=80; the decode step after it (2 pairs, unsorted) runs its
+    decode form (up and gate on the token's row). The logits stay stock's."""
     tokens = list(range(3, 43))
     model = build(QWEN3_MOE, 4, 64)
     stock = logits(model, tokens)
@@ -393,10 +397,10 @@ def test_moe_experts_take_the_gathered_kernel_where_their_pairs_are_sorted() -> 
     experts = [m for m in report.modules if m.kind == "quantized experts"]
     assert len(experts) == 3 and all(m.patched for m in experts), str(report)
     assert "patched  quantized experts (8 experts, 128 -> 128, 4-bit, group 64, float32) x3: profile: " \
-           "gather_quantized_matmul: custom at T=80 (dq)" in str(report)
+           "gather_quantized_matmul: custom at T=2 (qmv), T=80 (dq)" in str(report)
     for a, b in zip(stock, logits(model, tokens), strict=True):
         assert close(a, b) <= LOGIT_TOL
-    assert all(m.calls == {"custom": 1, "builtin": 0, "module": 1} for m in experts), \
+    assert all(m.calls == {"custom": 2, "builtin": 0, "module": 0} for m in experts), \
         [(m.path, m.calls) for m in experts]
     kernelfleet.unpatch(model)
 
