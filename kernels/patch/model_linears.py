@@ -36,6 +36,9 @@ class Linear(NamedTuple):
     experts: int = 0  # EXPERTS: how many
     per_token: int = 1  # EXPERTS: experts each token is routed to
     join: str = ""  # layers with the same label run as one quantized matmul where they share a format
+    # and where these layers are quantized in a format the kernels take (the layer block that joins them
+    # takes the layer only then: e.g. Qwen3-MoE's o_proj, router and experts)
+    join_needs: tuple[str, ...] = ()
 
 
 def _where(paths: Sequence[str]) -> str:
@@ -82,11 +85,14 @@ def plan_quantized(config: dict[str, Any], layers: Sequence[Linear],
             continue
         formats.setdefault((layer.k, layer.n, *experts, bits, group), []).append(layer.path)
     join_sizes = Counter(layer.join for layer in layers if layer.join)
+    planned = {p for paths in formats.values() for p in paths} \
+        | {layer.path for members in joins.values() for layer, _ in members}
     for label, members in joins.items():
-        # the patch joins them where all are quantized in one format (model_quant.Joined), else each
-        # runs alone
+        # the patch joins them where all are quantized in one format (model_quant.Joined) and the layers
+        # the join needs are quantized too, else each runs alone
         one = {(f[0], f[2], f[3]) for _, f in members}
-        if len(one) == 1 and len(members) == join_sizes[label]:
+        needs = {p for layer, _ in members for p in layer.join_needs}
+        if len(one) == 1 and len(members) == join_sizes[label] and needs <= planned:
             k, bits, group = one.pop()
             head = members[0][0].path
             path = "+".join([head, *(layer.path.rsplit(".", 1)[-1] for layer, _ in members[1:])])

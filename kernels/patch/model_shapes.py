@@ -208,6 +208,9 @@ def derive(config: dict[str, Any], decode: Sequence[int] = DEFAULT_DECODE,
                      {k: v for k, v in sites.items() if k in kernel_shapes}, notes)
 
 
+EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")  # SwitchGLU's, in mlx-lm's names
+
+
 def linear_layers(config: dict[str, Any], arch: Architecture, dims: dict[str, int]
                   ) -> list[model_linears.Linear]:
     """Every linear layer of the mlx-lm model (path, in features, out features), and the layers
@@ -222,17 +225,21 @@ def linear_layers(config: dict[str, Any], arch: Architecture, dims: dict[str, in
         sparse = arch.moe and i not in dense_only and isinstance(sparse_step, int) and sparse_step > 0 \
             and (i + 1) % sparse_step == 0
         qkv = f"{at}.qkv" if arch.joined_qkv or (arch.sparse_joined_qkv and sparse) else ""
-        layers += [model_linears.Linear(f"{at}.self_attn.q_proj", hidden, heads * hd, join=qkv),
-                   model_linears.Linear(f"{at}.self_attn.k_proj", hidden, kv * hd, join=qkv),
-                   model_linears.Linear(f"{at}.self_attn.v_proj", hidden, kv * hd, join=qkv),
-                   model_linears.Linear(f"{at}.self_attn.o_proj", heads * hd, hidden)]
+        block = f"{at}.{arch.moe_block}"
+        # the MoE layer block (model_moe_layer) joins q/k/v only where it takes the layer: o_proj, the router
+        # and the experts quantized
+        needs = (f"{at}.self_attn.o_proj", f"{block}.gate",
+                 *(f"{block}.switch_mlp.{name}" for name in EXPERT_PROJECTIONS)) \
+            if arch.sparse_joined_qkv and sparse else ()
+        layers += [model_linears.Linear(f"{at}.self_attn.{name}", hidden, width, join=qkv, join_needs=needs)
+                   for name, width in (("q_proj", heads * hd), ("k_proj", kv * hd), ("v_proj", kv * hd))]
+        layers.append(model_linears.Linear(f"{at}.self_attn.o_proj", heads * hd, hidden))
         if sparse:
-            block = f"{at}.{arch.moe_block}"
             layers.append(model_linears.Linear(f"{block}.gate", hidden, dims["experts"]))
             size, e, per = dims["expert_intermediate_size"], dims["experts"], dims["experts_per_token"]
             layers += [model_linears.Linear(f"{block}.switch_mlp.{name}", k, n, model_linears.EXPERTS, e, per)
-                       for name, k, n in (("gate_proj", hidden, size), ("up_proj", hidden, size),
-                                          ("down_proj", size, hidden))]
+                       for name, k, n in zip(EXPERT_PROJECTIONS, (hidden, hidden, size), (size, size, hidden),
+                                             strict=True)]
         else:
             inter = dims["intermediate_size"]
             gate_up = f"{at}.mlp.gate_up"

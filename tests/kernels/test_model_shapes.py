@@ -216,6 +216,13 @@ def test_quantized_moe_plans_attention_router_and_experts() -> None:
     assert not any(n.startswith("gather_quantized_matmul left out") for n in plan.notes)
     for s in plan.kernel_shapes["gather_quantized_matmul"]:
         get_spec("gather_quantized_matmul").validate_shape(parse_shape(s))
+    # a router left in full precision: the block refuses the layer, so its q, k and v run alone
+    full = derive({**c, "num_hidden_layers": 2, "quantization": {**q, "model.layers.1.mlp.gate": False}},
+                  decode=(1,), prefill=(), verify=())
+    assert {"2048 -> 5120, 4-bit group 64: model.layers.0.self_attn.q_proj+k_proj+v_proj",
+            "2048 -> 4096, 4-bit group 64: model.layers.1.self_attn.q_proj",
+            "2048 -> 512, 4-bit group 64: model.layers.1.self_attn.k_proj, model.layers.1.self_attn.v_proj"} \
+        <= set(full.sites["quantized_matmul"]), full.sites["quantized_matmul"]
     # a dense layer (mlp_only_layers) is no layer block: its q, k and v run alone
     dense = derive({**c, "num_hidden_layers": 2, "mlp_only_layers": [1], "quantization": q}, decode=(1,),
                    prefill=(), verify=())
