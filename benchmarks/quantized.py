@@ -19,6 +19,14 @@ Shapes are ``M x K x N x bits x group`` (the spec's decode and large lists by de
 
 ``--configs all`` (default) times every config of the spec's space at the shape (compiled ahead in a pool
 of NVRTC processes on CUDA) and prints the best few; ``default`` times the spec's default only.
+
+``--ncu`` (CUDA) gives GPU time instead, which decode sizes need (the host's ~20 µs a launch bounds every
+timed row there): every config (``--configs``, ``--paths``) once and MLX's op three times at each shape,
+under Nsight Compute with caches flushed (:mod:`ncu`), then the best ``--finalists`` a shape with the DRAM
+bytes they read, that rate and its share of the copy bandwidth, and MLX's op beside them:
+
+    python benchmarks/quantized.py --kernel gather_quantized_matmul --shapes 8x2048x768x128x4x64 --ncu
+
 Imports only mlx, numpy (torch when present) and the kernelfleet kernels/worker packages.
 """
 
@@ -30,6 +38,8 @@ import itertools
 import json
 import math
 import os
+import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -56,6 +66,9 @@ from kernelfleet.kernels.spec import (  # noqa: E402
     parse_shape,
 )
 from kernelfleet.worker.backends.registry import detect_backend, get_backend  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ncu as ncu_tool  # noqa: E402  (the benchmarks' Nsight Compute helpers)
 
 _spec = importlib.util.spec_from_file_location("kf_bench_kernels", Path(__file__).with_name("kernels.py"))
 assert _spec and _spec.loader
@@ -247,6 +260,87 @@ def bench_shape(spec: KernelSpec, shape: Shape, dtype: str, backend: str, args: 
     return rows
 
 
+NCU_LINE = "NCU "  # the child's label of the contender its next kernels belong to
+
+
+def ncu_child(spec: KernelSpec, shapes: Sequence[Shape], dtype: str, backend: str, args: argparse.Namespace
+              ) -> None:
+    """Under ncu: per shape its inputs, each config once and MLX's op three times, a marker kernel after
+    each (``ncu.MARKER``) and a label line before, so the parent can tell whose kernels are whose."""
+    runner = get_backend(backend)
+    marker_input = mx.zeros((256,), dtype=mx.int32)
+    mx.eval(marker_input)
+
+    def run(label: str, shape: Shape, work: Callable[..., Any], *work_args: Any) -> Any:
+        print(f"{NCU_LINE}{format_shape(shape)} {label}", flush=True)
+        out = work(*work_args)
+        mx.eval(out)
+        mx.synchronize()
+        mx.eval(mx.cumsum(marker_input))
+        mx.synchronize()
+        return out
+
+    mx.eval(mx.cumsum(marker_input))  # opens the first group
+    for shape in shapes:
+        inputs = run("inputs", shape, spec.make_inputs, shape, dtype, args.seed)
+        for c in our_configs(spec, shape, dtype, backend, args):
+            run(config_key(c), shape, runner.build(spec, c, shape, dtype), inputs)
+        for _ in range(3):
+            run("builtin", shape, spec.builtin, inputs)
+
+
+def ncu_tables(spec: KernelSpec, shapes: Sequence[Shape], dtype: str, backend: str, args: argparse.Namespace,
+               limit_gbs: float) -> str:
+    """Run :func:`ncu_child` under ncu (the configs compiled ahead first) and tabulate its GPU times."""
+    tool = ncu_tool.find()
+    if tool is None:
+        raise SystemExit("--ncu: no ncu on PATH or in /usr/local/cuda/bin (Nsight Compute)")
+    runner = get_backend(backend)
+    for shape in shapes:
+        ahead = runner.precompile(spec, our_configs(spec, shape, dtype, backend, args), shape, dtype, 0)
+        if ahead is not None:
+            log(f"{format_shape(shape)}: {ahead.result()}")
+    program = [sys.executable, str(Path(__file__).resolve()), "--ncu-child", "--kernel", spec.name,
+               "--shapes", ",".join(format_shape(s) for s in shapes), "--dtype", dtype, "--configs",
+               args.configs, "--seed", str(args.seed), *(["--paths", args.paths] if args.paths else [])]
+    done = subprocess.run(ncu_tool.command(tool, program), capture_output=True, text=True, check=False)
+    labels = [line[len(NCU_LINE):].split(" ", 1) for line in done.stdout.splitlines()
+              if line.startswith(NCU_LINE)]
+    found = ncu_tool.groups(ncu_tool.parse(done.stdout))
+    if done.returncode != 0 or len(found) != len(labels):
+        raise SystemExit(f"--ncu: ncu exited {done.returncode}, {len(found)} kernel groups for {len(labels)} "
+                         f"contenders\n{done.stderr[-2000:]}")
+    by_shape: dict[str, dict[str, list[list[ncu_tool.Kernel]]]] = {}
+    for (shape_s, label), kernels in zip(labels, found, strict=True):
+        by_shape.setdefault(shape_s, {}).setdefault(label, []).append(kernels)
+    head = (f"{'shape':24} {'contender':40} {'GPU µs':>8} {'DRAM MB':>8} {'GB/s':>6} {'%copy':>6} "
+            f"{'mlx/x':>6}  grid / kernels")
+    out = [f"{spec.name} on {detect_chip().name} ({backend}), MLX {mx.__version__}, {dtype}: GPU time under "
+           f"Nsight Compute (caches flushed, the GPU's own clocks); copy limit {limit_gbs:.0f} GB/s", head,
+           "-" * len(head)]
+    for shape_s, runs in by_shape.items():
+        builtin = runs.pop("builtin", [])
+        runs.pop("inputs", None)
+        mlx_us = statistics.median(sum(k.us for k in ks) for ks in builtin) if builtin else None
+        rows = []
+        for label, [kernels] in runs.items():
+            us, mb = sum(k.us for k in kernels), sum(k.mb for k in kernels)
+            ours = [k for k in kernels if k.name.startswith("kf_")]
+            rows.append((us, mb, label, ours[0].grid if ours else ", ".join(k.name[:30] for k in kernels)))
+        if builtin:
+            ks = builtin[len(builtin) // 2]
+            rows.append((mlx_us or 0.0, sum(k.mb for k in ks), "mlx " + spec.name + " (built-in)",
+                         ", ".join(k.name[:40] for k in ks)))
+        finalists = sorted(r for r in rows if not r[2].startswith("mlx "))[:args.finalists]
+        for us, mb, label, where in sorted(finalists + [r for r in rows if r[2].startswith("mlx ")]):
+            gbs = mb / us * 1e3 if us else 0.0
+            vs = f"{mlx_us / us:.2f}x" if mlx_us and us else "-"
+            pct = 100 * gbs / limit_gbs
+            out.append(f"{shape_s:24} {label[:40]:40} {us:8.2f} {mb:8.2f} {gbs:6.0f} {pct:5.0f}% {vs:>6}  "
+                       f"{where}")
+    return "\n".join(out)
+
+
 def fmt(rows: Sequence[dict[str, Any]]) -> str:
     head = (f"{'shape':24} {'contender':36} {'µs':>9} {'GB/s':>7} {'%copy':>6} {'TFLOP/s':>8} {'%dense':>7} "
             f"{'mlx/x':>6}")
@@ -274,7 +368,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="run these configs (keys, e.g. from a table, separated by ';'), each beside MLX's "
                          "op, 3 times each at --shapes, in the order given, timing nothing: for Nsight "
                          "Compute (ncu), which gives each kernel's GPU time")
-    ap.add_argument("--finalists", type=int, default=4, help="configs timed in full rounds beside the peers")
+    ap.add_argument("--ncu", action="store_true",
+                    help="CUDA: GPU time per launch under Nsight Compute, every config once (--configs, "
+                         "--paths) and MLX's op, caches flushed, instead of timed rounds: the best "
+                         "--finalists a shape")
+    ap.add_argument("--ncu-child", action="store_true", help=argparse.SUPPRESS)  # what --ncu runs under ncu
+    ap.add_argument("--finalists", type=int, default=4,
+                    help="configs timed in full rounds beside the peers (--ncu: configs shown a shape)")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--min-mb", type=float, default=256.0, help="weight copies per shape add up to this")
     ap.add_argument("--seed", type=int, default=0)
@@ -291,6 +391,18 @@ def main(argv: Sequence[str] | None = None) -> int:
               else [*spec.shapes["decode"], *spec.shapes["large"]])
     for shape in shapes:
         spec.validate_shape(shape)
+    if args.ncu_child:
+        ncu_child(spec, shapes, args.dtype, backend, args)
+        return 0
+    if args.ncu:
+        if backend != "cuda":
+            print("--ncu needs the CUDA backend (Nsight Compute)", file=sys.stderr)
+            return 2
+        text = ncu_tables(spec, shapes, args.dtype, backend, args, bench.copy_bandwidth(backend)["limit"])
+        print(text)
+        if args.out:
+            Path(args.out).write_text(text + "\n")
+        return 0
     if args.profile:
         runner = get_backend(backend)
         for shape in shapes:
