@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum")
-MARKER = "scan"  # MLX's prefix sum kernels (mx.cumsum): the marker a program launches between contenders
+# MLX's prefix sum kernels (mx.cumsum: "contiguous_scan", or CUB's "DeviceScanKernel"), matched without
+# case: the marker a program launches between contenders
+MARKER = "scan"
 # ncu's units -> µs and MB
 SCALE = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
          "byte": 1e-6, "B": 1e-6, "Kbyte": 1e-3, "KB": 1e-3, "Mbyte": 1.0, "MB": 1.0, "Gbyte": 1e3, "GB": 1e3}
@@ -76,7 +78,7 @@ def groups(kernels: list[Kernel]) -> list[list[Kernel]]:
     out: list[list[Kernel]] = []
     current: list[Kernel] | None = None
     for k in kernels:
-        if MARKER in k.name:
+        if MARKER in k.name.lower():
             if current is not None:
                 out.append(current)
             current = []
