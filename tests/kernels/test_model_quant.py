@@ -476,3 +476,17 @@ def test_joined_projections_share_one_buffer_and_follow_new_weights() -> None:
     kernelfleet.unpatch(model)
     assert all(close(a, b) <= LOGIT_TOL for a, b in zip(expected, logits(model, PROMPT), strict=True))
     assert not all(close(a, b) <= LOGIT_TOL for a, b in zip(stock, expected, strict=True))
+
+
+def test_a_decode_batch_runs_the_experts_decode_form_at_its_pairs() -> None:
+    """Three sequences a step (6 pairs, unsorted): each expert projection takes the decode form at T=6, up
+    and gate with each token's row for its 2 experts, and the step keeps stock's logits."""
+    model = build(QWEN3_MOE, 4, 64)
+    cache, step, stock = batch_step(model)
+    report = kernelfleet.patch(model, profile=profile_for(QWEN3_MOE, 4, 64, decode=(1, 3)))
+    assert close(stock, model(step, cache=cache)) <= LOGIT_TOL
+    experts = [m for m in report.modules if m.kind == "quantized experts"]
+    assert len(experts) == 3 and all(m.calls == {"custom": 1, "builtin": 0, "module": 0} for m in experts), \
+        [m.calls for m in experts]
+    assert "T=6 (qmv)" in experts[0].reason
+    kernelfleet.unpatch(model)
