@@ -1,11 +1,12 @@
 """Gathered quantized matmul, the mixture-of-experts form: what mlx-lm's ``QuantizedSwitchLinear`` computes
-with ``mx.gather_qmm`` when its tokens come sorted by expert (``SwitchGLU`` sorts once 64 or more (token,
-expert) pairs are routed: prefill).
+with ``mx.gather_qmm``, on (token, expert) pairs sorted by expert where ``SwitchGLU`` sorts them (64 or more
+pairs: prefill, larger batches) and, in the decode form below 64 (:func:`make`'s ``shared_x`` and
+``sorted_pairs``), in the router's order.
 
 Shape ``T x K x N x E x bits x group``: ``T`` (token, expert) pairs, ``K`` input and ``N`` output features,
 ``E`` experts, ``bits`` 4 or 8, ``group`` 32, 64 or 128 (:mod:`kernelfleet.kernels.catalog.affine`).
 Inputs: ``x`` ``(T, K)``, ``w_q`` uint32 ``(E, N, K * bits / 32)``, ``scales`` and ``biases``
-``(E, N, K / group)``, and ``indices`` uint32 ``(T,)`` sorted ascending; output
+``(E, N, K / group)``, and ``indices`` uint32 ``(T,)`` sorted ascending (the decode form: any order); output
 ``out[t] = x[t] @ w[indices[t]].T``, ``(T, N)``.
 Built-in: ``mx.gather_qmm(..., transpose=True, sorted_indices=True)``.
 
