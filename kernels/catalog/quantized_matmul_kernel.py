@@ -229,8 +229,9 @@ _NORM_VALUE = "float(T(float(nv.v[e]) * float(T(float(xv.v[e]) * inv[m]))))"
 
 def _qmv_source(name: str, store: str, inputs: tuple[str, ...] = (), outputs: tuple[str, ...] = ("out",),
                 row: str = "(n0 + r)", pair: int = 1, store_k: str | None = None,
-                norm: float | None = None) -> KernelSource:
-    values = [("PAIR_HEAD", ""), ("GROUP", "KF_GROUP"), ("XROW", "KF_SIZE(m)"),
+                norm: float | None = None, head: str = "", group: str = "KF_GROUP", xrow: str = "KF_SIZE(m)"
+                ) -> KernelSource:
+    values = [("PAIR_HEAD", head), ("GROUP", group), ("XROW", xrow),
               ("ROW", row), ("PAIR", str(pair)), ("STORE", store),
               ("STOREK", store if store_k is None else store_k),
               ("PROLOGUE", ""), ("XLOAD", ""), ("XVAL", "float(xv.v[e])")]
@@ -261,12 +262,9 @@ def qmv_source(epilogue: str = "", norm: float | None = None) -> KernelSource:
 _GATHER_HEAD = """  constexpr KF_SIZE BPP = (KF_SIZE(N) + RPW * (TG / 32 / KS) - 1) / (RPW * (TG / 32 / KS));
   const KF_SIZE pt = KF_SIZE(KF_GROUP) / BPP;
   const KF_SIZE ex = KF_SIZE(indices[pt]);"""
-GATHER_QMV_SOURCE = KernelSource(
-    "gather_qmv", QMV_BODY, ("x", "wq", "scales", "biases", "indices"), ("out",),
-    (("PAIR_HEAD", _GATHER_HEAD), ("GROUP", "(KF_SIZE(KF_GROUP) % BPP)"), ("XROW", "(pt / XDIV)"),
-     ("ROW", "(ex * N + n0 + r)"), ("PAIR", "1"), ("STORE", "            out[pt * N + n0 + r] = T(v);"),
-     ("STOREK", "            out[pt * N + n0 + r] = T(v);"), ("PROLOGUE", ""), ("XLOAD", ""),
-     ("XVAL", "float(xv.v[e])")))
+GATHER_QMV_SOURCE = _qmv_source("gather_qmv", "            out[pt * N + n0 + r] = T(v);", inputs=("indices",),
+                                row="(ex * N + n0 + r)", head=_GATHER_HEAD, group="(KF_SIZE(KF_GROUP) % BPP)",
+                                xrow="(pt / XDIV)")
 
 QMV_MAX_M = 8
 # the gated activations an epilogue computes: name -> its built-in on (gate, up)

@@ -11,7 +11,7 @@ group size in full precision. Each quantized linear layer then calls ``quantized
 expert projection (mlx-lm's ``SwitchLinear``) ``gather_quantized_matmul`` at ``T x K x N x E x bits x
 group_size``, T = tokens x experts per token: sorted by expert where ``SwitchGLU`` sorts the pairs
 (T >= 64), in the router's order below (decode), where the kernel's qmv paths take them as they come
-(the Qwen3-MoE decoder layer block runs those; a ``SwitchLinear`` patched alone keeps MLX's op there).
+(its decode form, which the Qwen3-MoE decoder layer block and a ``SwitchLinear`` patched alone run).
 """
 
 from __future__ import annotations

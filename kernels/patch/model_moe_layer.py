@@ -51,7 +51,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..catalog.gather_quantized_matmul_kernel import ORDER_FREE, SORTED_MIN_PAIRS
+from ..catalog.gather_quantized_matmul_kernel import SORTED_MIN_PAIRS
 from ..common import prod
 from ..spec import Config, Shape
 from .model_layer import (
@@ -84,6 +84,7 @@ from .model_quant import (
     MODE,
     QKV,
     Joined,
+    decode_form,
     describe,
     experts_format,
     joined_format,
@@ -308,15 +309,10 @@ def quantized_moe_decoder_layer(m: nn.Module) -> Site | None:
 def _expert_params(pick: Config | None, sort: bool, shared_x: int) -> dict[str, Any] | None:
     """An expert projection's launch parameters, or None where MLX's ``gather_qmm`` runs it as mlx-lm
     calls it: no pick, or unsorted pairs (decode, under 64 pairs) with a pick that takes sorted pairs
-    only. Unsorted, the qmv paths take the pairs in the router's order, up and gate a token's row of x
-    for each of its experts (``shared_x``: the experts a token)."""
-    if pick is None:
-        return None
-    if sort:
-        return {}
-    if pick.get("path") not in ORDER_FREE:
-        return None
-    return {"sorted_pairs": False, **({"shared_x": shared_x} if shared_x > 1 else {})}
+    only (:func:`~kernelfleet.kernels.patch.model_quant.decode_form`; ``shared_x``: the experts a token)."""
+    if pick is None or not sort:
+        return decode_form(pick, shared_x)
+    return {}
 
 
 def _post_graph(runners: tuple[Any, ...], shape: tuple[int, ...], how: tuple[int, int, bool, bool, bool],

@@ -41,7 +41,7 @@ import mlx.nn as nn
 from ..catalog.gather_quantized_matmul_kernel import ORDER_FREE, SORTED_MIN_PAIRS
 from ..common import prod
 from ..render.launch import interceptor
-from ..spec import Shape
+from ..spec import Config, Shape
 from .model_patterns import Call, Router, Site, gated_activation, source_has
 
 KERNEL = "quantized_matmul"
@@ -271,6 +271,15 @@ def quantized_experts(m: nn.Module) -> Site | None:
                 describe=lambda s: f"T={s[0]}")
 
 
+def decode_form(pick: Config | None, shared_x: int) -> dict[str, Any] | None:
+    """The launch parameters of an expert projection on unsorted pairs (decode, under 64): the decode form
+    of ``gather_quantized_matmul`` where the profile's pick takes pairs in any order, ``shared_x`` pairs in a
+    row on one row of x (a token's experts at up and gate); None where MLX's ``gather_qmm`` runs instead."""
+    if pick is None or pick.get("path") not in ORDER_FREE:
+        return None
+    return {"sorted_pairs": False, **({"shared_x": shared_x} if shared_x > 1 else {})}
+
+
 def _unsorted(router: Router, shape: tuple[int, ...], dt: Any, own: Call, tail: tuple[int, ...]
               ) -> Call | None:
     """A ``QuantizedSwitchLinear`` call on unsorted pairs, x of ``shape``: ``gather_quantized_matmul``'s
@@ -292,18 +301,18 @@ def _unsorted(router: Router, shape: tuple[int, ...], dt: Any, own: Call, tail: 
         else:
             return None
         pairs = prod(ishape)
-        pick = router.pick(GATHER, (pairs, *tail), dt)
-        if pairs >= SORTED_MIN_PAIRS or pick is None or pick.get("path") not in ORDER_FREE:
-            return None
-        params = {"sorted_pairs": False, **({"shared_x": shared} if shared > 1 else {})}
-        return router.resolved(GATHER, (pairs, *tail), dt, {}, params)
+        params = decode_form(router.pick(GATHER, (pairs, *tail), dt), shared) \
+            if pairs < SORTED_MIN_PAIRS else None
+        return None if params is None else router.resolved(GATHER, (pairs, *tail), dt, {}, params)
 
     def gathered(self: Any, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
+        if sorted_indices:
+            return own(self, x, indices, sorted_indices)
         ishape = tuple(indices.shape)
         if ishape not in decided:
-            decided[ishape] = None if sorted_indices else decide(ishape)
+            decided[ishape] = decide(ishape)
         hit = decided[ishape]
-        if hit is None or sorted_indices:
+        if hit is None:
             return own(self, x, indices, sorted_indices)
         counter, runner = hit
         counter[0] += 1
@@ -313,7 +322,7 @@ def _unsorted(router: Router, shape: tuple[int, ...], dt: Any, own: Call, tail: 
     return gathered
 
 
-PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")  # a gated MLP's and SwitchGLU's, in mlx-lm's names
 QKV = ("q_proj", "k_proj", "v_proj")
 ARRAYS = ("weight", "scales", "biases")
 

@@ -23,6 +23,7 @@ from typing import Any
 from ..catalog import get_spec
 from ..spec import BadShape, Shape, format_shape
 from . import model_linears
+from .model_quant import PROJECTIONS
 
 DEFAULT_DECODE = (1, 8, 32)
 DEFAULT_PREFILL = (512, 2048)
@@ -208,9 +209,6 @@ def derive(config: dict[str, Any], decode: Sequence[int] = DEFAULT_DECODE,
                      {k: v for k, v in sites.items() if k in kernel_shapes}, notes)
 
 
-EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")  # SwitchGLU's, in mlx-lm's names
-
-
 def linear_layers(config: dict[str, Any], arch: Architecture, dims: dict[str, int]
                   ) -> list[model_linears.Linear]:
     """Every linear layer of the mlx-lm model (path, in features, out features), and the layers
@@ -229,7 +227,7 @@ def linear_layers(config: dict[str, Any], arch: Architecture, dims: dict[str, in
         # the MoE layer block (model_moe_layer) joins q/k/v only where it takes the layer: o_proj, the router
         # and the experts quantized
         needs = (f"{at}.self_attn.o_proj", f"{block}.gate",
-                 *(f"{block}.switch_mlp.{name}" for name in EXPERT_PROJECTIONS)) \
+                 *(f"{block}.switch_mlp.{name}" for name in PROJECTIONS)) \
             if arch.sparse_joined_qkv and sparse else ()
         layers += [model_linears.Linear(f"{at}.self_attn.{name}", hidden, width, join=qkv, join_needs=needs)
                    for name, width in (("q_proj", heads * hd), ("k_proj", kv * hd), ("v_proj", kv * hd))]
@@ -238,7 +236,7 @@ def linear_layers(config: dict[str, Any], arch: Architecture, dims: dict[str, in
             layers.append(model_linears.Linear(f"{block}.gate", hidden, dims["experts"]))
             size, e, per = dims["expert_intermediate_size"], dims["experts"], dims["experts_per_token"]
             layers += [model_linears.Linear(f"{block}.switch_mlp.{name}", k, n, model_linears.EXPERTS, e, per)
-                       for name, k, n in zip(EXPERT_PROJECTIONS, (hidden, hidden, size), (size, size, hidden),
+                       for name, k, n in zip(PROJECTIONS, (hidden, hidden, size), (size, size, hidden),
                                              strict=True)]
         else:
             inter = dims["intermediate_size"]
