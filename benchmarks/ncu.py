@@ -40,6 +40,12 @@ class Kernel:
     block: str
 
 
+def ours(name: str) -> bool:
+    """Whether a kernel is the catalog's: MLX names an ``mx.fast.cuda_kernel`` ``custom_kernel_<name>``,
+    and every catalog kernel's name starts ``kf_``."""
+    return name.startswith(("kf_", "custom_kernel_kf_"))
+
+
 def find() -> str | None:
     """The ncu executable: on PATH, else CUDA's default place."""
     found = shutil.which("ncu")
@@ -85,3 +91,10 @@ def groups(kernels: list[Kernel]) -> list[list[Kernel]]:
         elif current is not None:
             current.append(k)
     return out
+
+
+def median_launch(launches: list[list[Kernel]]) -> list[Kernel]:
+    """Of a contender's launches (each its kernels), the one of median GPU time after the first, which is
+    dropped where there are more (a first launch can read hundreds of times its later time)."""
+    later = sorted(launches[1:] or launches, key=lambda ks: sum(k.us for k in ks))
+    return later[(len(later) - 1) // 2]

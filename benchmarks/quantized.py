@@ -26,6 +26,11 @@ under Nsight Compute with caches flushed (:mod:`ncu`), then the best ``--finalis
 bytes they read, that rate and its share of the copy bandwidth, and MLX's op beside them:
 
     python benchmarks/quantized.py --kernel gather_quantized_matmul --shapes 8x2048x768x128x4x64 --ncu
+    python benchmarks/quantized.py --ncu --paths qmv_split --where 'rpw=4|8,vw=4' --shapes 1x4096x14336x4x64
+
+Under ncu each contender launches three times and its first launch is dropped (on the H200 a shape's first
+config read hundreds of times its later time); ``--where AXIS=V|V,...`` keeps the configs with those axis
+values (a config without an optional axis has it at 0).
 
 Imports only mlx, numpy (torch when present) and the kernelfleet kernels/worker packages.
 """
@@ -38,7 +43,6 @@ import itertools
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -129,11 +133,25 @@ def peers_of(name: str, shape: Shape) -> tuple[dict[str, Fn], Callable[[list[mx.
 def our_configs(spec: KernelSpec, shape: Shape, dtype: str, backend: str, args: argparse.Namespace
                 ) -> list[Config]:
     """The custom configs to run at ``shape``: the backend's whole space (``--configs all``) or the spec's
-    default, limited to ``--paths`` where given."""
+    default, limited to ``--paths`` and ``--where`` where given."""
     configs: list[Config] = (spec.space_for(shape, dtype, backend) if args.configs == "all"  # type: ignore[arg-type]
                              else [spec.default_config(shape, dtype)])
     paths = set(args.paths.split(",")) if args.paths else None
-    return [c for c in configs if config_key(c) != "builtin" and (paths is None or c.get("path") in paths)]
+    where = parse_where(args.where) if args.where else {}
+    return [c for c in configs if config_key(c) != "builtin" and (paths is None or c.get("path") in paths)
+            and all(str(c.get(axis, 0)) in values for axis, values in where.items())]
+
+
+def parse_where(text: str) -> dict[str, set[str]]:
+    """``--where``: ``AXIS=V|V,AXIS=V`` -> {axis: values}; an axis a config lacks reads 0 (an optional
+    axis at its default, e.g. qmv's ``pf``)."""
+    out: dict[str, set[str]] = {}
+    for part in text.split(","):
+        axis, sep, values = part.partition("=")
+        if not sep or not axis.strip() or not values.strip():
+            raise SystemExit(f"--where: {part!r} is not AXIS=V or AXIS=V|V")
+        out[axis.strip()] = {v.strip() for v in values.split("|")}
+    return out
 
 
 def check_shapes(spec: KernelSpec, shapes: Sequence[Shape], dtypes: Sequence[str], backend: str,
@@ -261,12 +279,16 @@ def bench_shape(spec: KernelSpec, shape: Shape, dtype: str, backend: str, args: 
 
 
 NCU_LINE = "NCU "  # the child's label of the contender its next kernels belong to
+# launches a contender under ncu; the first is dropped: on the H200 each shape's first config read 200-1400x
+# its later time with a tenth of the DRAM bytes (a first launch's cost, whatever the config)
+NCU_LAUNCHES = 3
 
 
 def ncu_child(spec: KernelSpec, shapes: Sequence[Shape], dtype: str, backend: str, args: argparse.Namespace
               ) -> None:
-    """Under ncu: per shape its inputs, each config once and MLX's op three times, a marker kernel after
-    each (``ncu.MARKER``) and a label line before, so the parent can tell whose kernels are whose."""
+    """Under ncu: per shape its inputs, then each config and MLX's op ``NCU_LAUNCHES`` times each, a marker
+    kernel after each launch (``ncu.MARKER``) and a label line before, so the parent can tell whose
+    kernels are whose."""
     runner = get_backend(backend)
     marker_input = mx.zeros((256,), dtype=mx.int32)
     mx.eval(marker_input)
@@ -284,8 +306,10 @@ def ncu_child(spec: KernelSpec, shapes: Sequence[Shape], dtype: str, backend: st
     for shape in shapes:
         inputs = run("inputs", shape, spec.make_inputs, shape, dtype, args.seed)
         for c in our_configs(spec, shape, dtype, backend, args):
-            run(config_key(c), shape, runner.build(spec, c, shape, dtype), inputs)
-        for _ in range(3):
+            fn = runner.build(spec, c, shape, dtype)
+            for _ in range(NCU_LAUNCHES):
+                run(config_key(c), shape, fn, inputs)
+        for _ in range(NCU_LAUNCHES):
             run("builtin", shape, spec.builtin, inputs)
 
 
@@ -302,7 +326,8 @@ def ncu_tables(spec: KernelSpec, shapes: Sequence[Shape], dtype: str, backend: s
             log(f"{format_shape(shape)}: {ahead.result()}")
     program = [sys.executable, str(Path(__file__).resolve()), "--ncu-child", "--kernel", spec.name,
                "--shapes", ",".join(format_shape(s) for s in shapes), "--dtype", dtype, "--configs",
-               args.configs, "--seed", str(args.seed), *(["--paths", args.paths] if args.paths else [])]
+               args.configs, "--seed", str(args.seed), *(["--paths", args.paths] if args.paths else []),
+               *(["--where", args.where] if args.where else [])]
     done = subprocess.run(ncu_tool.command(tool, program), capture_output=True, text=True, check=False)
     labels = [line[len(NCU_LINE):].split(" ", 1) for line in done.stdout.splitlines()
               if line.startswith(NCU_LINE)]
@@ -319,18 +344,18 @@ def ncu_tables(spec: KernelSpec, shapes: Sequence[Shape], dtype: str, backend: s
            f"Nsight Compute (caches flushed, the GPU's own clocks); copy limit {limit_gbs:.0f} GB/s", head,
            "-" * len(head)]
     for shape_s, runs in by_shape.items():
-        builtin = runs.pop("builtin", [])
         runs.pop("inputs", None)
-        mlx_us = statistics.median(sum(k.us for k in ks) for ks in builtin) if builtin else None
         rows = []
-        for label, [kernels] in runs.items():
+        for label, launches in runs.items():
+            kernels = ncu_tool.median_launch(launches)
             us, mb = sum(k.us for k in kernels), sum(k.mb for k in kernels)
-            ours = [k for k in kernels if k.name.startswith("kf_")]
-            rows.append((us, mb, label, ours[0].grid if ours else ", ".join(k.name[:30] for k in kernels)))
-        if builtin:
-            ks = builtin[len(builtin) // 2]
-            rows.append((mlx_us or 0.0, sum(k.mb for k in ks), "mlx " + spec.name + " (built-in)",
-                         ", ".join(k.name[:40] for k in ks)))
+            mine = [k for k in kernels if ncu_tool.ours(k.name)]
+            if label == "builtin":
+                label, where = "mlx " + spec.name + " (built-in)", ", ".join(k.name[:40] for k in kernels)
+            else:
+                where = f"grid {mine[0].grid}" if mine else ", ".join(k.name[:30] for k in kernels)
+            rows.append((us, mb, label, where))
+        mlx_us = next((r[0] for r in rows if r[2].startswith("mlx ")), None)
         finalists = sorted(r for r in rows if not r[2].startswith("mlx "))[:args.finalists]
         for us, mb, label, where in sorted(finalists + [r for r in rows if r[2].startswith("mlx ")]):
             gbs = mb / us * 1e3 if us else 0.0
@@ -360,6 +385,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--configs", choices=("all", "default"), default="all")
     ap.add_argument("--paths", help="only configs of these paths (comma-separated, e.g. mma,qmv)")
+    ap.add_argument("--where", metavar="AXIS=V|V,...",
+                    help="only configs with these axis values (e.g. rpw=4|8,pf=0|1; a config without an "
+                         "optional axis has it at 0)")
     ap.add_argument("--check", action="store_true", help="check configs against the reference, time nothing")
     ap.add_argument("--check-dtypes", default="bfloat16,float16", help="dtypes --check covers")
     ap.add_argument("--sample", type=int, default=0,
