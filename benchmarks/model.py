@@ -26,7 +26,9 @@ batch 1 read 0.953x, slower beyond the noise, where no custom kernel runs at tha
 measurement starts with an untimed call, so the patch's per-shape decisions (made on a patched
 module's first call at a shape) and MLX's graph caches are warm; the garbage collector is off while
 a side is timed. ``--control`` adds a third side per round, the stock model again: its paired ratio
-against the first stock side is this pairing's own noise, printed beside each row.
+against the first stock side is this pairing's own noise, printed beside each row. ``--against PROFILE``
+adds one more, the model patched with a second profile: an A/B of two profiles (e.g. with and without
+some entries) in the same rounds, each row giving patched against it, paired.
 
 - prefill tokens/s at each ``--prefill`` length (batch 1, fresh KV cache; each forward's graph is
   built before the GPU starts; a round is the mean of 4 prefills after an untimed one);
@@ -221,7 +223,7 @@ def restrict(path: str, kernels: str | None) -> Any:
     return {**body, "entries": [e for e in body.get("entries", []) if e.get("kernel") in wanted]}
 
 
-STOCK, PATCHED, CONTROL = "stock", "patched", "stock again"
+STOCK, PATCHED, CONTROL, AGAINST = "stock", "patched", "stock again", "against"
 MIN_GAIN_US: float | None = None  # --min-gain: patch()'s gain gate (None: each kernel's default)
 
 
@@ -232,10 +234,13 @@ def patch(model: nn.Module, profile: Any) -> Any:
 Sides = dict[str, Callable[[nn.Module], Any] | None]  # side -> how to patch the model for it (None: stock)
 
 
-def sides(profile: Any, control: bool) -> Sides:
+def sides(profile: Any, control: bool, against: Any = None) -> Sides:
+    """stock and patched; stock again (``--control``); patched with a second profile (``--against``)."""
     out: Sides = {STOCK: None, PATCHED: lambda m: patch(m, profile)}
     if control:
         out[CONTROL] = None
+    if against is not None:
+        out[AGAINST] = lambda m: patch(m, against)
     return out
 
 
@@ -418,6 +423,11 @@ def row(label: str, tokens: int, times: dict[str, list[float]]) -> str:
         mid, lo, hi = paired_speedup(stock, times[CONTROL])
         out += (f"\n    control, stock against stock: {mid:.3f}x [{lo:.3f}, {hi:.3f}] 95 % -> "
                 f"{verdict(lo, hi)}")
+    if AGAINST in times:
+        a = statistics.median(times[AGAINST])
+        mid, lo, hi = paired_speedup(times[AGAINST], patched)
+        out += (f"\n    --against's profile {tokens / a:10.1f} tok/s ({s / a:.3f}x stock); patched against "
+                f"it, paired: {mid:.3f}x [{lo:.3f}, {hi:.3f}] 95 % -> {verdict(lo, hi)}")
     return out
 
 
@@ -435,6 +445,7 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> None:
         for quant in variants(args):
             keys = plan_keys(config, args, quant)
             profile: Any = restrict(args.profile, args.kernels) if args.profile else probe_profile(keys)
+            args.against_profile = restrict(args.against, args.kernels) if args.against else None
             view = profile_view.load(profile, target.chip)
             emit(f"\n{config['model_type']} ({config['num_hidden_layers']} layers, hidden "
                  f"{config['hidden_size']}, {label(quant, args.dtype)})")
@@ -450,17 +461,22 @@ def measure_model(model: nn.Module, keys: list, profile: Any, view: Any, args: a
     report = patch(model, profile)
     model_patch.unpatch(model)
     emit("\n".join("  " + line for line in str(report).splitlines()))
+    if args.against_profile is not None:
+        report = patch(model, args.against_profile)
+        model_patch.unpatch(model)
+        emit("  --against's profile:\n" + "\n".join("  " + line for line in str(report).splitlines()))
     text, diff = logits_check(model, profile, max(args.prefill))
     emit("  " + text)
     emit("  " + greedy_check(model, profile, args.greedy, diff))
     for n in args.prefill:
-        times = side_by_side(model, sides(profile, args.control), lambda m, n=n: prefill_s(m, n), args.rounds)
+        times = side_by_side(model, sides(profile, args.control, args.against_profile),
+                             lambda m, n=n: prefill_s(m, n), args.rounds)
         emit(row(f"prefill {n}", n, times))
         tokens = mx.random.randint(0, TOKEN_IDS, (1, n), key=mx.random.key(n))
         emit("    " + amdahl(model, keys, view, lambda t=tokens: model(t, cache=make_prompt_cache(model)),
                              statistics.median(times[STOCK]), args.launches))
     for b in args.decode:
-        times = side_by_side(model, sides(profile, args.control),
+        times = side_by_side(model, sides(profile, args.control, args.against_profile),
                              lambda m, b=b: decode_s(m, b, args.context, args.steps), args.rounds)
         emit(row(f"decode batch {b}", b, times))
         cache = primed(model, b, args.context)
@@ -494,6 +510,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--launches", type=int, help="op launches per timing in the Amdahl estimate (default 50)")
     p.add_argument("--profile", help="a KernelFleet profile file (kernelfleet pull, or `tune`); "
                    "--tiny without one: every planned call at its kernel's default config")
+    p.add_argument("--against", metavar="PROFILE",
+                   help="run: also time the model patched with this second profile, by turns with the "
+                        "others, and print patched against it (paired): an A/B of two profiles")
     p.add_argument("--tune", metavar="PROFILE", help="run: first tune the planned calls not yet in PROFILE "
                    "(as `tune --out PROFILE`, within --max-seconds), then run with it once none is left")
     p.add_argument("--budget", type=float, default=6.0, help="tune: seconds of search per shape")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +67,31 @@ def test_tiny_run_end_to_end() -> None:
            "T=64 down (dq)" in out
     assert "moe router + combine" in out and "swiglu (experts)" in out
     assert out.count("modules patched, 0 kept") == 4  # tiny mode's profile: every planned call custom
+
+
+AGAINST = """
+import json, runpy, sys
+from kernelfleet.kernels.patch import profile_file, runtime
+body = {{"schema": profile_file.SCHEMA, "chip": runtime.target().chip, "entries": []}}
+json.dump(body, open({empty!r}, "w"))
+sys.argv = ["model.py", "run", "--tiny", "--dtypes", "4bit", "--rounds", "1", "--prefill", "16",
+            "--decode", "2", "--against", {empty!r}]
+try:
+    runpy.run_path({path!r}, run_name="__main__")
+except SystemExit as e:
+    assert not e.code, e.code
+"""
+
+
+@pytest.mark.slow
+def test_against_times_a_second_profile_by_turns(tmp_path: Path) -> None:
+    """--against: the model patched with a second profile (here one with no entries: every module kept, as
+    stock) is a side of its own, its patch report printed, and each row gives patched against it, paired."""
+    code = AGAINST.format(path=str(BENCHMARKS / "model.py"), empty=str(tmp_path / "empty.json"))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                       cwd=BENCHMARKS.parent)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout
+    # the tiny llama and qwen3_moe, each with a prefill and a decode row
+    assert out.count("--against's profile:\n  kernelfleet.patch: 0 modules patched") == 2
+    assert out.count("--against's profile ") == 4 and out.count("patched against it, paired: ") == 4
