@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 4
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run demo test test-full lint typecheck pytest bench-kernels bench-search bench-gpu bench-launch-floor bench-predict bench-cross-chip bench-dashboard bench-load bench-request-cost bench-detector bench-profiles bench-profile-build bench-calibration clean test-metal-model test-metal
+.PHONY: help venv run demo test test-full lint typecheck pytest bench-kernels bench-search bench-gpu bench-launch-floor bench-predict bench-cross-chip bench-dashboard bench-load bench-request-cost bench-store-cost bench-detector bench-profiles bench-profile-build bench-calibration clean test-metal-model test-metal
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -112,6 +112,9 @@ bench-load: $(STAMP) ## Coordinator under N simulated workers (API only) + datab
 
 bench-request-cost: $(STAMP) ## Coordinator CPU per heartbeat, idle lease poll, lease and 40 KB result (one serve process); KERNELFLEET_TEST_POSTGRES_URL
 	$(BIN)/python benchmarks/request_cost.py $(if $(KERNELFLEET_TEST_POSTGRES_URL),--postgres $(KERNELFLEET_TEST_POSTGRES_URL))
+
+bench-store-cost: $(STAMP) ## CPU of storing one 40 KB report (store_report alone, no HTTP) and its profile; KERNELFLEET_TEST_POSTGRES_URL
+	$(BIN)/python benchmarks/store_report_cost.py $(if $(KERNELFLEET_TEST_POSTGRES_URL),--postgres $(KERNELFLEET_TEST_POSTGRES_URL))
 
 bench-profiles: $(STAMP) ## Profile build and result insert at 1k, 10k, 100k stored results (PostgreSQL)
 	$(BIN)/python benchmarks/profiles.py
