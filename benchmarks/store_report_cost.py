@@ -1,8 +1,9 @@
 """The CPU one stored report costs the coordinator (``reports.store_report``: the result row, its trials,
 the series statistics), without HTTP, on PostgreSQL (a fresh database ``kf_store_cost`` on the server) or a
 SQLite file: the fleet run's reports (``results/h100_fleet_tuning.jsonl``), each a new series (its shape
-renamed), as the realistic load scenario sends them. Prints the process CPU per report, unprofiled, then
-the same under cProfile with its top functions by cumulative time.
+renamed), as the realistic load scenario sends them. Prints the CPU per report, unprofiled, of this process
+and of the host's PostgreSQL server processes (from /proc, where they run here), then the same under
+cProfile with its top functions by cumulative time.
 
     python benchmarks/store_report_cost.py --postgres postgresql://postgres@127.0.0.1:5432/test
 """
@@ -41,6 +42,21 @@ def database(postgres: str | None) -> str:
     return url
 
 
+def postgres_cpu() -> float:
+    """CPU seconds (user + system) of this host's processes named ``postgres``: 0 where there are none
+    (or no /proc)."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)
+            if fields[0].endswith("(postgres"):
+                utime, stime = fields[1].split()[11:13]
+                total += (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--postgres", help="PostgreSQL server URL (a fresh database is made there); else SQLite")
@@ -62,10 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(20):  # warm: compiled statements, prepared queries, pools
         store(10**6 + i)
     n = args.reports
-    t = time.process_time()
+    t, server = time.process_time(), postgres_cpu()
     for i in range(n):
         store(i)
-    print(f"{n} reports: {1e3 * (time.process_time() - t) / n:.2f} ms of CPU a report")
+    line = f"{n} reports: {1e3 * (time.process_time() - t) / n:.2f} ms of CPU a report"
+    if args.postgres:
+        line += f", and {1e3 * (postgres_cpu() - server) / n:.2f} ms of the host's PostgreSQL processes'"
+    print(line)
     profile = cProfile.Profile()
     profile.enable()
     for i in range(n, 2 * n):

@@ -22,12 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import CursorResult, Row, and_, bindparam, select
+from sqlalchemy import Row, and_, bindparam, select
 from sqlalchemy.orm import Session, load_only
 
-from kernelfleet.service.db import stored_utc, upsert_insert
+from kernelfleet.service.db import insert_rows, stored_utc
 from kernelfleet.service.models import ConfigStat, Result
 
 WINDOW = 32  # run medians (and same-run speedups) kept per row
@@ -142,8 +142,8 @@ def record(session: Session, result: Result, trials: Sequence[dict[str, Any]],
     """Fold one stored result's correct trials into ``config_stats``; returns the rows touched.
 
     Runs inside the caller's transaction. Rows new to the series are inserted complete (``ON
-    CONFLICT DO NOTHING``, one executemany); when it inserted every row (a new series) that is all
-    (one statement). Otherwise the rows that already existed (those this result
+    CONFLICT DO NOTHING``, one statement: :func:`~kernelfleet.service.db.insert_rows`); when it
+    inserted every row (a new series) that is all. Otherwise the rows that already existed (those this result
     did not write: ``last_result_id`` is another's) are read ``FOR UPDATE`` in key order and
     updated, so two results of the same series arriving at once (PostgreSQL) update one after the
     other and never lose a run: the insert that meets the other's row waits for its transaction,
@@ -157,13 +157,12 @@ def record(session: Session, result: Result, trials: Sequence[dict[str, Any]],
     when = _utc(measured_at or result.created_at)
     builtin = next((t for t in ok if t.get("is_builtin")), None)
     blank = _Blank(last_result_id=result.id)
-    # no RETURNING: an executemany of one small statement (psycopg parses it once); RETURNING
-    # would make it one statement of every row's values, parsed anew for each result
-    inserted = cast(CursorResult[Any], session.execute(
-        upsert_insert(session)(STATS).on_conflict_do_nothing(index_elements=[*SERIES_COLUMNS, "config_key"]),
-        [{**series, "config_key": t["config_key"], "config": t["config"],
-          "is_builtin": bool(t.get("is_builtin")), "speedups": [], **_fold(blank, t, builtin, result, when)}
-         for t in ok], execution_options={"preserve_rowcount": True})).rowcount
+    # one statement on PostgreSQL (arrays of the rows' values), an executemany on SQLite
+    inserted = insert_rows(session, STATS, [
+        {**series, "config_key": t["config_key"], "config": t["config"],
+         "is_builtin": bool(t.get("is_builtin")), "speedups": [], **_fold(blank, t, builtin, result, when)}
+        for t in ok],
+        conflict=[*SERIES_COLUMNS, "config_key"])
     if inserted == len(ok):  # every row was new (a new series): nothing to read or update
         return len(ok)
     by_key = {t["config_key"]: t for t in ok}

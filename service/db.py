@@ -15,14 +15,24 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
-from sqlalchemy import DateTime, Engine, create_engine, event, exc, literal
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Engine,
+    Table,
+    create_engine,
+    event,
+    exc,
+    literal,
+    text,
+)
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session, sessionmaker
@@ -142,6 +152,55 @@ def upsert_insert(session: Session) -> Any:
     from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
     return sqlite_insert if is_sqlite(session.get_bind().engine) else pg_insert
+
+
+def insert_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]],
+                conflict: Sequence[str] = ()) -> int:
+    """Insert ``rows`` (dicts with the same keys) into ``table``, each left out where it meets a row on the
+    ``conflict`` columns' unique index (none: a plain insert); the rows inserted.
+
+    On PostgreSQL one statement with one parameter whatever the number of rows: the rows as one JSON
+    array (:func:`json_dumps`), unpacked by ``json_to_recordset`` into the columns' types, each value first
+    bound as SQLAlchemy binds it (a column type's bind processor: an enum as its value) and a JSON column's
+    null stored as JSON ``null``, as SQLAlchemy's ``JSON`` stores None. psycopg's executemany sends a
+    statement a row, and its per-row Python work was most of a 40 KB report's two inserts
+    (``results/coordinator_result_cpu_profile.txt``); arrays a column (``unnest``) moved that work into
+    psycopg's array dumping. Elsewhere (SQLite, in-process) an executemany."""
+    if not rows:
+        return 0
+    if is_sqlite(session.get_bind().engine):
+        stmt = upsert_insert(session)(table)
+        if conflict:
+            stmt = stmt.on_conflict_do_nothing(index_elements=list(conflict))
+        done = session.execute(stmt, list(rows), execution_options={"preserve_rowcount": True})
+        return int(cast(Any, done).rowcount)
+    dialect = session.get_bind().dialect
+    quote = dialect.identifier_preparer.quote
+    columns = [table.c[name] for name in rows[0]]
+    binds = {c.name: b for c in columns if not isinstance(c.type, JSON)
+             and (b := c.type.dialect_impl(dialect).bind_processor(dialect)) is not None}
+    if binds:
+        rows = [{**r, **{name: bind(r[name]) for name, bind in binds.items()}} for r in rows]
+    record = ", ".join(f"{quote(c.name)} {c.type.compile(dialect=dialect)}" for c in columns)
+    values = ", ".join(f"COALESCE(r.{quote(c.name)}, 'null'::json)" if isinstance(c.type, JSON)
+                       else f"r.{quote(c.name)}" for c in columns)
+    sql = (f"INSERT INTO {dialect.identifier_preparer.format_table(table)} "
+           f"({', '.join(quote(c.name) for c in columns)}) "
+           f"SELECT {values} FROM json_to_recordset(CAST(:rows AS json)) AS r({record})")
+    if conflict:
+        sql += f" ON CONFLICT ({', '.join(map(quote, conflict))}) DO NOTHING"
+    try:
+        body = orjson.dumps(list(rows), option=JSON_OPTIONS).decode()
+    except TypeError:  # what orjson refuses (a lone surrogate, an integer over 64 bits), as json_dumps does
+        body = json.dumps(list(rows), default=_iso)
+    return int(cast(Any, session.execute(text(sql), {"rows": body})).rowcount)
+
+
+def _iso(value: Any) -> str:
+    """json.dumps' ``default`` for :func:`insert_rows`: a time as orjson writes it (ISO 8601)."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def stored_utc(value: datetime) -> datetime:
