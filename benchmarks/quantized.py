@@ -144,7 +144,7 @@ def our_configs(spec: KernelSpec, shape: Shape, dtype: str, backend: str, args: 
 
 def parse_where(text: str) -> dict[str, set[str]]:
     """``--where``: ``AXIS=V|V,AXIS=V`` -> {axis: values}; an axis a config lacks reads 0 (an optional
-    axis at its default, e.g. qmv's ``pf``)."""
+    axis at its default, e.g. the elementwise kernels' ``hint``)."""
     out: dict[str, set[str]] = {}
     for part in text.split(","):
         axis, sep, values = part.partition("=")
@@ -279,8 +279,8 @@ def bench_shape(spec: KernelSpec, shape: Shape, dtype: str, backend: str, args: 
 
 
 NCU_LINE = "NCU "  # the child's label of the contender its next kernels belong to
-# launches a contender under ncu; the first is dropped: on the H200 each shape's first config read 200-1400x
-# its later time with a tenth of the DRAM bytes (a first launch's cost, whatever the config)
+# launches a contender under ncu; the first is dropped: on the H200 each shape's first config, launched once,
+# read 1,256-9,681 us, hundreds of times its later time, with a tenth of the DRAM bytes
 NCU_LAUNCHES = 3
 
 

@@ -160,12 +160,14 @@ def insert_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]],
     ``conflict`` columns' unique index (none: a plain insert); the rows inserted.
 
     On PostgreSQL one statement with one parameter whatever the number of rows: the rows as one JSON
-    array (:func:`json_dumps`), unpacked by ``json_to_recordset`` into the columns' types, each value first
-    bound as SQLAlchemy binds it (a column type's bind processor: an enum as its value) and a JSON column's
-    null stored as JSON ``null``, as SQLAlchemy's ``JSON`` stores None. psycopg's executemany sends a
-    statement a row, and its per-row Python work was most of a 40 KB report's two inserts
-    (``results/coordinator_result_cpu_profile.txt``); arrays a column (``unnest``) moved that work into
-    psycopg's array dumping. Elsewhere (SQLite, in-process) an executemany."""
+    array (orjson; ``json.dumps`` for what orjson refuses, as :func:`json_dumps`), unpacked by
+    ``json_to_recordset`` into the columns' types, each value first bound as SQLAlchemy binds it (a column
+    type's bind processor: an enum as its value) and a JSON column's null stored as JSON ``null``, as
+    SQLAlchemy's ``JSON`` stores None. A float NaN would arrive as NULL (orjson writes it null): the
+    values stored this way are finite (reports refuse NaN, and statistics are of positive medians).
+    psycopg's executemany sends a statement a row, and its per-row Python work was most of a 40 KB
+    report's two inserts (``results/coordinator_result_cpu_profile.txt``); arrays a column (``unnest``)
+    moved that work into psycopg's array dumping. Elsewhere (SQLite, in-process) an executemany."""
     if not rows:
         return 0
     if is_sqlite(session.get_bind().engine):
