@@ -1,5 +1,5 @@
 """The CPU one stored report costs the coordinator (``reports.store_report``: the result row, its trials,
-the series statistics), without HTTP, on PostgreSQL (a fresh database ``kf_store_cost`` on the server) or a
+the series statistics), without HTTP, on PostgreSQL (a fresh database on the server, dropped after) or a
 SQLite file: the fleet run's reports (``results/h100_fleet_tuning.jsonl``), each a new series (its shape
 renamed), as the realistic load scenario sends them. Prints the CPU per report, unprofiled, of this process
 and of the host's PostgreSQL server processes (from /proc, where they run here), then the same under
@@ -20,41 +20,22 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from coordinator_load import (  # noqa: E402  (the benchmarks' own helpers: databases, /proc CPU)
+    ROOT,
+    cpu_seconds,
+    cpu_used,
+    drop_database,
+    fresh_database,
+    postgres_pids,
+)
+
 REPORTS = ROOT / "benchmarks" / "results" / "h100_fleet_tuning.jsonl"
 
 
-def database(postgres: str | None) -> str:
-    """A fresh, migrated database: ``kf_store_cost`` on the PostgreSQL server at ``postgres``, else a
-    SQLite file in a temporary folder."""
-    if postgres:
-        import psycopg
-
-        with psycopg.connect(postgres, autocommit=True) as conn:
-            conn.execute("DROP DATABASE IF EXISTS kf_store_cost")
-            conn.execute("CREATE DATABASE kf_store_cost")
-        url = postgres.rsplit("/", 1)[0] + "/kf_store_cost"
-    else:
-        url = f"sqlite:///{tempfile.mkdtemp()}/kf.db"
-    env = dict(os.environ, KERNELFLEET_DATABASE_URL=url)
-    subprocess.run([sys.executable, "-m", "kernelfleet.worker.cli", "db", "upgrade"], env=env, check=True,
-                   capture_output=True)
-    return url
-
-
-def postgres_cpu() -> float:
-    """CPU seconds (user + system) of this host's processes named ``postgres``: 0 where there are none
-    (or no /proc)."""
-    total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)
-            if fields[0].endswith("(postgres"):
-                utime, stime = fields[1].split()[11:13]
-                total += (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
+def postgres_cpu() -> dict[int, float]:
+    """CPU seconds (user + system) of each of this host's PostgreSQL processes, from /proc."""
+    return cpu_seconds(postgres_pids())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,11 +44,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reports", type=int, default=200, help="reports stored per pass")
     p.add_argument("--top", type=int, default=25, help="cProfile's functions printed")
     args = p.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp())
+    url, name = fresh_database(args, workdir)
+    try:
+        subprocess.run([sys.executable, "-m", "kernelfleet.worker.cli", "db", "upgrade"],
+                       env=dict(os.environ, KERNELFLEET_DATABASE_URL=url), check=True, capture_output=True)
+        measure(url, args)
+    finally:
+        drop_database(args, name)
+    return 0
+
+
+def measure(url: str, args: argparse.Namespace) -> None:
+    """Store ``--reports`` reports timed, then as many under cProfile, and print both."""
     from kernelfleet.service.db import make_engine, make_sessionmaker
     from kernelfleet.service.reports import store_report
     from kernelfleet.service.schemas import TuningReport
 
-    sessions = make_sessionmaker(make_engine(database(args.postgres)))
+    engine = make_engine(url)
+    sessions = make_sessionmaker(engine)
     reports = [TuningReport.model_validate_json(line) for line in REPORTS.read_text().splitlines()]
 
     def store(i: int) -> None:
@@ -83,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         store(i)
     line = f"{n} reports: {1e3 * (time.process_time() - t) / n:.2f} ms of CPU a report"
     if args.postgres:
-        line += f", and {1e3 * (postgres_cpu() - server) / n:.2f} ms of the host's PostgreSQL processes'"
+        used = cpu_used(server, postgres_cpu())
+        line += f", and {1e3 * used / n:.2f} ms of the host's PostgreSQL processes'"
     print(line)
     profile = cProfile.Profile()
     profile.enable()
@@ -91,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         store(i)
     profile.disable()
     pstats.Stats(profile).sort_stats("cumulative").print_stats(args.top)
-    return 0
+    engine.dispose()  # before the database is dropped
 
 
 if __name__ == "__main__":

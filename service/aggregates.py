@@ -143,8 +143,8 @@ def record(session: Session, result: Result, trials: Sequence[dict[str, Any]],
 
     Runs inside the caller's transaction. Rows new to the series are inserted complete (``ON
     CONFLICT DO NOTHING``, one statement: :func:`~kernelfleet.service.db.insert_rows`); when it
-    inserted every row (a new series) that is all. Otherwise the rows that already existed (those this result
-    did not write: ``last_result_id`` is another's) are read ``FOR UPDATE`` in key order and
+    inserted every row (a new series) that is all. Otherwise the rows that already existed (those this
+    result did not write: ``last_result_id`` is another's) are read ``FOR UPDATE`` in key order and
     updated, so two results of the same series arriving at once (PostgreSQL) update one after the
     other and never lose a run: the insert that meets the other's row waits for its transaction,
     then updates it.
@@ -157,7 +157,7 @@ def record(session: Session, result: Result, trials: Sequence[dict[str, Any]],
     when = _utc(measured_at or result.created_at)
     builtin = next((t for t in ok if t.get("is_builtin")), None)
     blank = _Blank(last_result_id=result.id)
-    # one statement on PostgreSQL (arrays of the rows' values), an executemany on SQLite
+    # one statement on PostgreSQL (the rows as one JSON parameter), an executemany on SQLite
     inserted = insert_rows(session, STATS, [
         {**series, "config_key": t["config_key"], "config": t["config"],
          "is_builtin": bool(t.get("is_builtin")), "speedups": [], **_fold(blank, t, builtin, result, when)}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -54,13 +54,14 @@ def normalize_url(url: str) -> str:
 JSON_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY  # as json.dumps takes them
 
 
-def json_dumps(value: Any) -> str:
+def json_dumps(value: Any, default: Callable[[Any], Any] | None = None) -> str:
     """A JSON column's text: orjson's, or ``json.dumps``'s for what orjson refuses (a lone surrogate, an
-    integer over 64 bits). A NaN is written as null (PostgreSQL's JSON refuses ``NaN``; SQLite kept it)."""
+    integer over 64 bits), ``default`` then writing what ``json.dumps`` cannot (orjson writes times
+    itself). A NaN is written as null (PostgreSQL's JSON refuses ``NaN``; SQLite kept it)."""
     try:
         return orjson.dumps(value, option=JSON_OPTIONS).decode()
     except TypeError:
-        return json.dumps(value)
+        return json.dumps(value, default=default)
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
@@ -160,7 +161,7 @@ def insert_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]],
     ``conflict`` columns' unique index (none: a plain insert); the rows inserted.
 
     On PostgreSQL one statement with one parameter whatever the number of rows: the rows as one JSON
-    array (orjson; ``json.dumps`` for what orjson refuses, as :func:`json_dumps`), unpacked by
+    array (:func:`json_dumps`, times written as ISO 8601 either way), unpacked by
     ``json_to_recordset`` into the columns' types, each value first bound as SQLAlchemy binds it (a column
     type's bind processor: an enum as its value) and a JSON column's null stored as JSON ``null``, as
     SQLAlchemy's ``JSON`` stores None. A float NaN would arrive as NULL (orjson writes it null): the
@@ -191,10 +192,7 @@ def insert_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]],
            f"SELECT {values} FROM json_to_recordset(CAST(:rows AS json)) AS r({record})")
     if conflict:
         sql += f" ON CONFLICT ({', '.join(map(quote, conflict))}) DO NOTHING"
-    try:
-        body = orjson.dumps(list(rows), option=JSON_OPTIONS).decode()
-    except TypeError:  # what orjson refuses (a lone surrogate, an integer over 64 bits), as json_dumps does
-        body = json.dumps(list(rows), default=_iso)
+    body = json_dumps(list(rows), default=_iso)
     return int(cast(Any, session.execute(text(sql), {"rows": body})).rowcount)
 
 
