@@ -27,10 +27,10 @@ Three paths, a config axis (``path``), so the profile picks per exact shape, M i
 
 Around the matmul, for a patched decoder layer (:mod:`kernelfleet.kernels.patch.model_layer`): :func:`make`'s
 ``norm`` (x RMS-normalised first, its weight one more input) and one epilogue, ``heads`` (q, k and v of one
-position in attention's layout), ``glu`` (the gated activation of the output's two halves) or ``residual``
-(plus the last input). qmv and qmv_split do them in their own launch (:func:`qmv_source`), since a launch
-costs host time a decode step pays (``benchmarks/host_cost.py``); the other paths and the built-in run
-MLX's ops around the matmul.
+position in attention's layout; with ``rope``, q and k rotated as ``mx.fast.rope`` rotates them), ``glu``
+(the gated activation of the output's two halves) or ``residual`` (plus the last input). qmv and
+qmv_split do them in their own launch (:func:`qmv_source`), since a launch costs host time a decode step
+pays (``benchmarks/host_cost.py``); the other paths and the built-in run MLX's ops around the matmul.
 """
 
 from __future__ import annotations
@@ -205,6 +205,41 @@ _GLU_OUT = """              const float gb = float(T(gate));
 _GLU = ("            if (r >= RPW / 2) {\n              const float gate = acc[m][(r + RPW / 2) % RPW];\n"
         + _GLU_OUT + "\n            }")
 _GLU_ROW = "(r < RPW / 2 ? n0 / 2 + r : KF_SIZE(N / 2) + n0 / 2 + (r - RPW / 2))"
+# q, k and v of one position with RoPE on q and k (``rope``): a warp's rows are RPW / 2 rotation pairs, the
+# head dims d and d + HD / 2 of one head (rows r and r + RPW / 2), so it holds both of a pair; v's rows go in
+# the same order, unrotated
+_ROPE_PAIR = "(n0 / 2 + KF_SIZE(r % (RPW / 2)))"
+_ROPE_ROW = (f"({_ROPE_PAIR} / (HD / 2) * HD + {_ROPE_PAIR} % (HD / 2) + KF_SIZE(r < RPW / 2 ? 0 : HD / 2))")
+# ``lo`` and ``hi``: the sums of pair r - RPW / 2's rows (r in the upper half), rotated as mx.fast.rope
+# rotates q and k (the matmul's output rounded to T first; theta = scale * offset / freqs[d], in float),
+# then written as _HEADS writes them
+_ROPE_OUT = """              const KF_SIZE pr = n0 / 2 + KF_SIZE(r - RPW / 2);
+              const KF_SIZE c = pr / (HD / 2) * HD + pr % (HD / 2);
+              float a = float(T(lo));
+              float b = float(T(hi));
+              if (c < KF_SIZE(NQ + NKV)) {
+                const float theta = (${SCALE} * float(off[0])) * (1.0f / freqs[c % HD]);
+                float sn;
+                float cs;
+                KF_SINCOS(theta, &sn, &cs);
+                const float ra = a * cs - b * sn;
+                b = b * cs + a * sn;
+                a = ra;
+              }
+              if (c < KF_SIZE(NQ)) {
+                oq[KF_SIZE(m) * NQ + c] = T(a);
+                oq[KF_SIZE(m) * NQ + c + HD / 2] = T(b);
+              } else if (c < KF_SIZE(NQ + NKV)) {
+                ok[KF_SIZE(m) * NKV + (c - NQ)] = T(a);
+                ok[KF_SIZE(m) * NKV + (c - NQ) + HD / 2] = T(b);
+              } else {
+                ov[KF_SIZE(m) * NKV + (c - NQ - NKV)] = T(a);
+                ov[KF_SIZE(m) * NKV + (c - NQ - NKV) + HD / 2] = T(b);
+              }"""
+_ROPE = ("            if (r >= RPW / 2) {\n              const float lo = acc[m][r - RPW / 2];\n"
+         "              const float hi = v;\n" + _ROPE_OUT + "\n            }")
+_ROPE_K = ("            {\n              const float lo = gate;\n              const float hi = v;\n"
+           + _ROPE_OUT + "\n            }")
 
 
 # the RMSNorm prologue (``norm``): each warp takes its rows' inverse RMS over K (x is a few KB, in cache)
@@ -243,9 +278,15 @@ def _qmv_source(name: str, store: str, inputs: tuple[str, ...] = (), outputs: tu
 
 
 @lru_cache(maxsize=64)
-def qmv_source(epilogue: str = "", norm: float | None = None) -> KernelSource:
-    """qmv's kernel with an epilogue (``heads``, ``glu``, ``residual`` or none) and the RMSNorm prologue
-    at ``norm`` (its eps) or none: one launch, no MLX ops before or after it."""
+def qmv_source(epilogue: str = "", norm: float | None = None, rope: float | None = None) -> KernelSource:
+    """qmv's kernel with an epilogue (``heads``, ``glu``, ``residual`` or none), the RMSNorm prologue at
+    ``norm`` (its eps) or none, and with ``heads``, RoPE on q and k at ``rope`` (its scale) or none: one
+    launch, no MLX ops before or after it."""
+    if epilogue == "heads" and rope is not None:
+        scale = float_literal(rope)
+        return _qmv_source("qmv_heads_rope", _ROPE.replace("${SCALE}", scale), inputs=("off", "freqs"),
+                           outputs=("oq", "ok", "ov"), row=_ROPE_ROW, pair=2,
+                           store_k=_ROPE_K.replace("${SCALE}", scale), norm=norm)
     if epilogue == "heads":
         return _qmv_source("qmv_heads", _HEADS, outputs=("oq", "ok", "ov"), norm=norm)
     if epilogue == "glu":
@@ -351,12 +392,15 @@ def prior(shape: Shape, dtype: str, config: Config) -> float:
     return rank + sum(abs(math.log2(int(config[k]) / v)) for k, v in typical.items() if k in config)
 
 
-def _check_epilogue(shape: Shape, heads: tuple[int, ...], glu: str, residual: bool) -> str:
+def _check_epilogue(shape: Shape, heads: tuple[int, ...], glu: str, residual: bool,
+                    rope: float | None = None) -> str:
     """The epilogue the parameters ask for ("" for none), after checking them against ``shape``."""
     m, k, n = shape[:3]
     if heads and (len(heads) != 4 or heads[0] != m or (heads[1] + 2 * heads[2]) * heads[3] != n):
         raise BadShape(f"quantized_matmul: heads (batch, q heads, kv heads, head dim) = {heads} does not "
                        f"split {m} rows of {n} outputs")
+    if rope is not None and not (heads and heads[3] % 2 == 0):
+        raise BadShape("quantized_matmul: rope rotates q and k of the heads epilogue, over an even head dim")
     if glu and (glu not in GLUS or n % 2):
         raise BadShape(f"quantized_matmul: glu {glu!r} takes one of {sorted(GLUS)} over an even N")
     asked = [name for name, on in (("heads", heads), ("glu", glu), ("residual", residual)) if on]
@@ -366,15 +410,21 @@ def _check_epilogue(shape: Shape, heads: tuple[int, ...], glu: str, residual: bo
 
 
 def epilogue(y: mx.array, rest: Sequence[mx.array], heads: tuple[int, ...] = (), glu: str = "",
-             residual: bool = False) -> list[mx.array]:
+             residual: bool = False, rope: float | None = None) -> list[mx.array]:
     """The epilogue a caller asked for, in MLX's ops on the matmul's output ``y`` (M, N): the built-in,
     and the paths without it in the kernel. ``heads``: q, k and v of one position (the batch's M rows),
-    each ``(batch, heads, 1, head_dim)``; ``glu``: the gated activation of ``y``'s two halves (the
-    activation kernel's built-in); ``residual``: ``y + rest[-1]``."""
+    each ``(batch, heads, 1, head_dim)``, and with ``rope`` (its scale) q and k rotated as
+    ``mx.fast.rope(t, head_dim, traditional=False, base=None, scale=rope, offset=rest[-2],
+    freqs=rest[-1])`` rotates them; ``glu``: the gated activation of ``y``'s two halves (the activation
+    kernel's built-in); ``residual``: ``y + rest[-1]``."""
     if heads:
         b, hq, hkv, hd = heads
         parts = mx.split(y, [hq * hd, (hq + hkv) * hd], axis=-1)
-        return [t.reshape(b, h, 1, hd) for t, h in zip(parts, (hq, hkv, hkv), strict=True)]
+        q, k, v = (t.reshape(b, h, 1, hd) for t, h in zip(parts, (hq, hkv, hkv), strict=True))
+        if rope is not None:
+            q, k = (mx.fast.rope(t, hd, traditional=False, base=None, scale=rope, offset=rest[-2],
+                                 freqs=rest[-1]) for t in (q, k))
+        return [q, k, v]
     if glu:
         half = int(y.shape[-1]) // 2
         return list(GLUS[glu]([y[:, :half], y[:, half:]]))
@@ -384,27 +434,31 @@ def epilogue(y: mx.array, rest: Sequence[mx.array], heads: tuple[int, ...] = (),
 
 
 def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str, heads: tuple[int, ...] = (),
-         glu: str = "", residual: bool = False, norm: float | None = None) -> KernelFn:
+         glu: str = "", residual: bool = False, norm: float | None = None, rope: float | None = None
+         ) -> KernelFn:
     """The kernel for ``config``. With an epilogue (:func:`epilogue`'s parameters) or ``norm`` (x is
     RMS-normalised first, as ``mx.fast.rms_norm(x, w, norm)``: its weight ``w`` one more input, after the
-    matmul's four), qmv and qmv_split do it in the launch itself (the gated epilogue at ``rpw`` >= 2), the
-    other paths in MLX's ops around the matmul. A residual is the last input."""
-    kind = _check_epilogue(shape, heads, glu, residual)
-    if config["path"] in ("qmv", "qmv_split") and not (glu and int(config["rpw"]) < 2):
-        return _qmv(config, backend, shape, dtype, kind, norm, heads)
+    matmul's four), qmv and qmv_split do it in the launch itself (the gated epilogue and RoPE at ``rpw``
+    >= 2: a warp holds row pairs), the other paths in MLX's ops around the matmul. A residual is the last
+    input; RoPE's offset (int32, one element) and freqs (float32, head dim / 2) the last two."""
+    kind = _check_epilogue(shape, heads, glu, residual, rope)
+    pairs = bool(glu) or rope is not None
+    if config["path"] in ("qmv", "qmv_split") and not (pairs and int(config["rpw"]) < 2):
+        return _qmv(config, backend, shape, dtype, kind, norm, heads, rope)
     plain = _make(config, backend, shape, dtype)
     if not kind and norm is None:
         return plain
 
     def around(inputs: Sequence[mx.array]) -> list[mx.array]:
         x = inputs[0] if norm is None else mx.fast.rms_norm(inputs[0], inputs[4], norm)
-        return epilogue(plain([x, *inputs[1:4]])[0], inputs[4:], heads, glu, residual)
+        return epilogue(plain([x, *inputs[1:4]])[0], inputs[4:], heads, glu, residual, rope)
     return around
 
 
 def _qmv(config: Config, backend: GpuBackend, shape: Shape, dtype: str, kind: str = "",
-         norm: float | None = None, heads: tuple[int, ...] = ()) -> KernelFn:
-    """qmv or qmv_split in one launch, with the epilogue ``kind`` and the norm prologue where asked."""
+         norm: float | None = None, heads: tuple[int, ...] = (), rope: float | None = None) -> KernelFn:
+    """qmv or qmv_split in one launch, with the epilogue ``kind`` (and RoPE) and the norm prologue where
+    asked."""
     m, n = shape[0], shape[2]
     launch = _qmv_launch(config, shape, dtype, heads)
     out_dtype = mx_dtype(dtype)
@@ -414,7 +468,7 @@ def _qmv(config: Config, backend: GpuBackend, shape: Shape, dtype: str, kind: st
         shapes = [(b, hq, 1, hd), (b, hkv, 1, hd), (b, hkv, 1, hd)]
     else:
         shapes = [(m, n // 2)] if kind == "glu" else [(m, n)]
-    src = qmv_source(kind, norm)
+    src = qmv_source(kind, norm, rope)
 
     def qmv(inputs: Sequence[mx.array]) -> list[mx.array]:
         return run(src, backend, inputs, launch, shapes, [out_dtype] * len(shapes))
@@ -435,7 +489,7 @@ def _qmv_launch(config: Config, shape: Shape, dtype: str, heads: tuple[int, ...]
         ("T", mx_dtype(dtype)), ("K", k), ("N", n), ("BITS", bits), ("GS", group), ("MR", m), ("RPW", rpw),
         ("VW", vw), ("TG", tg), ("UNR", unr), ("KS", ks))
     if heads:
-        template += (("NQ", heads[1] * heads[3]), ("NKV", heads[2] * heads[3]))
+        template += (("NQ", heads[1] * heads[3]), ("NKV", heads[2] * heads[3]), ("HD", heads[3]))
     return Launch((groups * tg, 1, 1), (tg, 1, 1), template)
 
 
@@ -498,7 +552,7 @@ def reference(inputs: Sequence[mx.array]) -> list[mx.array]:
 
 
 def builtin(inputs: Sequence[mx.array], heads: tuple[int, ...] = (), glu: str = "",
-            residual: bool = False, norm: float | None = None) -> list[mx.array]:
+            residual: bool = False, norm: float | None = None, rope: float | None = None) -> list[mx.array]:
     x, wq, sc, bi = inputs[:4]
     if norm is not None:
         x = mx.fast.rms_norm(x, inputs[4], norm)
@@ -506,7 +560,7 @@ def builtin(inputs: Sequence[mx.array], heads: tuple[int, ...] = (), glu: str = 
     bits = 32 * int(wq.shape[-1]) // k
     group = k // int(sc.shape[-1])
     y = mx.quantized_matmul(x, wq, sc, bi, transpose=True, group_size=group, bits=bits)
-    return epilogue(y, inputs[4:], heads, glu, residual)
+    return epilogue(y, inputs[4:], heads, glu, residual, rope)
 
 
 def make_inputs(shape: Shape, dtype: str, seed: int) -> list[mx.array]:

@@ -8,6 +8,7 @@ layer in two ``mx.compile``d graphs per input shape, around the KV cache and att
 
 - ``pre``: the input RMSNorm, q/k/v as one ``quantized_matmul`` over their joined weights, the split
   into heads and RoPE on q and k (its offset passed as an array, so one graph serves every position);
+  at one position per sequence q/k/v's call itself rotates q and k (:func:`fused_rope`);
 - mlx-lm's own ``cache.update_and_fetch`` and ``scaled_dot_product_attention``, as its layer calls them;
 - ``post``: ``o_proj``, the residual add, the post-attention RMSNorm, gate/up joined, the activation,
   ``down_proj`` and the second residual add.
@@ -15,13 +16,14 @@ layer in two ``mx.compile``d graphs per input shape, around the KV cache and att
 Where the profile picks qmv or qmv_split, the quantized matmuls take ``quantized_matmul``'s RMSNorm
 prologue and epilogues (:func:`_epilogues`): q/k/v's launch normalises x and, at one position per
 sequence, writes attention's layout; o's adds the residual; gate/up's normalises that and computes the
-activation where its config holds row pairs; down's adds the residual. Each is a primitive MLX does not
-build, host time a decode step does not pay.
+activation where its config holds row pairs; down's adds the residual. Where q/k/v's config holds row
+pairs, its launch also applies RoPE to q and k (two ``mx.fast.rope`` launches a layer fewer). Each is a
+primitive MLX does not build, host time a decode step does not pay.
 
 Each kernel (the input ``rmsnorm``, the quantized matmuls, ``add_rmsnorm`` for the residual add and the
 post-attention norm, the activation) runs the profile's config at the call's M, the catalog's built-in
 where it has none (MLX's ``mx.fast.rms_norm`` for the norms, as the layer's own ``nn.RMSNorm``); RoPE
-runs MLX's ``mx.fast.rope``, as the layer's own. A layer whose
+runs MLX's ``mx.fast.rope``, as the layer's own, where q/k/v's launch does not. A layer whose
 projections' views were replaced (``load_weights``), a cache whose offset is not one number (batched
 caches with an offset per sequence), or one sequence where the profile picks nothing at that M runs the
 layer's own code: mlx-lm's modules, MLX's ops, as in the stock model.
@@ -192,19 +194,20 @@ def quantized_decoder_layer(m: nn.Module) -> Site | None:
         if launches is None:
             return None  # one sequence and no custom config: mlx-lm's own code, MLX's ops
         params = {kernel: {"eps": e} for kernel, e in zip(NORMS, eps, strict=True)}
-        epilogues = _epilogues(launches, shape, half.head_dims, act, eps)
+        rope = fused_rope(half, shape)
+        epilogues = _epilogues(launches, shape, half.head_dims, act, eps, rope)
         resolved = [None if epilogue is None else
                     router.resolved(kernel, s, dt, params.get(kernel, {}), epilogue, fused)
                     for (kernel, s), epilogue, fused in zip(calls, epilogues, launches, strict=True)]
         counters = [got[0] for got in resolved if got is not None]
         runners = tuple(None if got is None else got[1] for got in resolved)
-        pre = pre_graph(half, runners[:2], shape)
+        pre = pre_graph(half, runners[:2], shape, rope is not None)
         post = _post_graph(runners[2:], shape, half.head_dims, inter)
         key = (runners, shape, half.head_dims, inter, eps, half.rope)
         graphs = ((pre, router.graph(("layer pre", *key), lambda: mx.compile(pre))),
                   (post, router.graph(("layer post", *key), lambda: mx.compile(post))))
         qkv, gu = joined
-        rope_freqs = () if half.freqs is None else (half.freqs,)
+        rope_freqs = () if half.freqs is None and rope is None else (rope_freqs_of(half),)
 
         def inputs(self: Any) -> tuple[tuple[mx.array, ...], tuple[mx.array, ...]] | None:
             if not (qkv.current() and gu.current()):
@@ -278,17 +281,37 @@ def fused_roles(roles: Sequence[tuple[int, ...]]) -> Callable[[Shape, Config], b
     return fused
 
 
-def qkv_params(fused_norm: bool, shape: tuple[int, ...], heads: tuple[int, int, int], eps: float
-               ) -> dict[str, Any]:
+def qkv_params(fused_norm: bool, shape: tuple[int, ...], heads: tuple[int, int, int], eps: float,
+               rope: float | None = None) -> dict[str, Any]:
     """q/k/v's launch parameters: at one position per sequence q, k and v written as attention holds them
-    (batch, heads, 1, head dim); with ``fused_norm`` (its config is :func:`own_launch`'s) x normalised in the
-    launch."""
+    (batch, heads, 1, head dim), and with ``rope`` (:func:`fused_rope`: its scale) q and k rotated; with
+    ``fused_norm`` (its config is :func:`own_launch`'s) x normalised in the launch."""
     one = shape[1] == 1
-    return {**({"heads": (shape[0], *heads)} if one else {}), **({"norm": eps} if fused_norm else {})}
+    return {**({"heads": (shape[0], *heads)} if one else {}),
+            **({"rope": rope} if one and rope is not None else {}), **({"norm": eps} if fused_norm else {})}
+
+
+def fused_rope(half: AttentionHalf, shape: tuple[int, ...]) -> float | None:
+    """RoPE's scale where q/k/v's call rotates q and k (``quantized_matmul``'s ``rope``, with the heads
+    epilogue: one position per sequence, the whole head dim rotated, half-split, no per-head norms between
+    the matmul and RoPE), else None: ``mx.fast.rope`` runs in the graph after it."""
+    dims, traditional, _, scale = half.rope
+    if shape[1] != 1 or dims != half.hd or traditional or half.qk_eps is not None:
+        return None
+    return float(scale)
+
+
+def rope_freqs_of(half: AttentionHalf) -> mx.array:
+    """RoPE's freqs as ``mx.fast.rope`` takes them: the module's own (``Llama3RoPE``), or ``base ** (2i /
+    dims)``, what its ``base`` stands for."""
+    if half.freqs is not None:
+        return half.freqs
+    dims, base = half.rope[0], float(half.rope[2])
+    return base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)
 
 
 def _epilogues(launches: list[Config | None], shape: tuple[int, ...], heads: tuple[int, int, int], act: str,
-               eps: tuple[float, ...]) -> list[dict[str, Any] | None]:
+               eps: tuple[float, ...], rope: float | None = None) -> list[dict[str, Any] | None]:
     """Per call of the plan, the parameters its launch takes beyond the kernel's own (``quantized_matmul``'s
     epilogues and RMSNorm prologue: MLX's ops around the matmul where its config does not do them), None
     for a norm or the activation that a quantized matmul's launch does instead. ``launches``: the plan's
@@ -296,24 +319,28 @@ def _epilogues(launches: list[Config | None], shape: tuple[int, ...], heads: tup
     qmv or qmv_split its launch normalises x; at one position per sequence it writes q, k and v as attention
     holds them (:func:`qkv_params`). Where gate/up's is, o adds the residual and gate/up's launch
     normalises the sum, and at 2 or more rows a warp (a gate row and its up row in one warp) computes the
-    activation. down adds the residual. Every MLX primitive a decode step leaves out is host time it does
-    not pay (``benchmarks/host_cost.py``)."""
+    activation. down adds the residual. With ``rope`` (:func:`fused_rope`) q/k/v's call rotates q and k
+    (in its launch where its config holds row pairs). Every MLX primitive a decode step leaves out is host
+    time it does not pay (``benchmarks/host_cost.py``)."""
     qkv, gate_up = launches[1], launches[4]
     fused_act = act in quantized_matmul_kernel.GLUS and gate_up is not None and int(gate_up["rpw"]) >= 2
     gate_up_params = {**({"glu": act} if fused_act else {}), **({"norm": eps[1]} if gate_up else {})}
-    return [None if qkv else {}, qkv_params(qkv is not None, shape, heads, eps[0]),
+    return [None if qkv else {}, qkv_params(qkv is not None, shape, heads, eps[0], rope),
             {"residual": True} if gate_up else {}, None if gate_up else {},
             gate_up_params, None if fused_act else {}, {"residual": True}]
 
 
-def pre_graph(half: AttentionHalf, runners: Sequence[Any], shape: tuple[int, ...]) -> Any:
+def pre_graph(half: AttentionHalf, runners: Sequence[Any], shape: tuple[int, ...], rope_in_qkv: bool = False
+              ) -> Any:
     """The layer's graph before the KV cache on ``x`` of ``shape`` (batch, L, K), to be ``mx.compile``d:
     the input norm (``runners[0]``; None where q/k/v's launch normalises x), q/k/v joined (``runners[1]``),
-    the split into heads, the per-head norms (``runners[2:4]``, Qwen3) and RoPE on q and k. Its inputs:
+    the split into heads, the per-head norms (``runners[2:4]``, Qwen3) and RoPE on q and k (in q/k/v's call
+    with ``rope_in_qkv``, :func:`fused_rope`: its last two inputs RoPE's offset and freqs). Its inputs:
     x, RoPE's offset (an array: one graph serves every position), the input norm's weight, q/k/v's joined
     weight, scales and biases, then q_norm's and k_norm's weights where the layer has them, then RoPE's
-    freqs where it has them. Its outputs: queries, keys and values, and x as rows (batch * L, K) for the
-    post graph's residual (one reshape a layer, not two)."""
+    freqs where it has them or q/k/v's call rotates (:func:`rope_freqs_of`). Its outputs: queries, keys
+    and values, and x as rows (batch * L, K) for the post graph's residual (one reshape a layer, not
+    two)."""
     norm_run, qkv_run, *qk_runs = runners
     heads, kv_heads, hd = half.head_dims
     b, length, k = shape
@@ -324,10 +351,11 @@ def pre_graph(half: AttentionHalf, runners: Sequence[Any], shape: tuple[int, ...
     def pre(x: mx.array, offset: mx.array, norm: mx.array, w: mx.array, s: mx.array, bi: mx.array,
             *rest: mx.array) -> tuple[mx.array, mx.array, mx.array, mx.array]:
         rows_in = x.reshape(rows, k)
+        rope_in = [offset, rest[-1]] if rope_in_qkv else []
         if norm_run is None:  # q/k/v's launch normalises x
-            qkv = qkv_run([rows_in, w, s, bi, norm])
+            qkv = qkv_run([rows_in, w, s, bi, norm, *rope_in])
         else:
-            qkv = qkv_run([norm_run([rows_in, norm])[0], w, s, bi])
+            qkv = qkv_run([norm_run([rows_in, norm])[0], w, s, bi, *rope_in])
         per_head = None
         if qk_runs:  # q_norm and k_norm over the head dim, before RoPE
             (q_run, k_run), (q_w, k_w), rest = qk_runs, rest[:2], rest[2:]
@@ -340,9 +368,10 @@ def pre_graph(half: AttentionHalf, runners: Sequence[Any], shape: tuple[int, ...
                 q, keys = per_head(q, keys)
         else:
             q, keys, values = split_heads(qkv[0], b, length, heads, kv_heads, hd, per_head)
-        f = rest[0] if rest else None
-        q, keys = (mx.fast.rope(t, rope_dims, traditional=traditional, base=base, scale=scale, offset=offset,
-                                freqs=f) for t in (q, keys))
+        if not rope_in_qkv:
+            f = rest[0] if rest else None
+            q, keys = (mx.fast.rope(t, rope_dims, traditional=traditional, base=base, scale=scale,
+                                    offset=offset, freqs=f) for t in (q, keys))
         return q, keys, values, rows_in
     return pre
 
@@ -369,8 +398,9 @@ def layer_call(own: Call, counters: Sequence[list[int]], graphs: tuple[tuple[Any
         for counter in counters:
             counter[0] += 1
         plain = interceptor() is not None
-        queries, keys, values, x_rows = (pre_plain if plain else pre_compiled)(x, mx.array(offset, mx.int32),
-                                                                               *arrays[0])
+        # the offset as a 1-element array: mx.fast.rope takes it, and so does a kernel (not a scalar)
+        at = mx.array([offset], mx.int32)
+        queries, keys, values, x_rows = (pre_plain if plain else pre_compiled)(x, at, *arrays[0])
         if cache is not None:
             keys, values = cache.update_and_fetch(keys, values)
         out = sdpa(queries, keys, values, cache=cache, scale=self["self_attn"].scale, mask=mask)

@@ -215,12 +215,12 @@ def emulated_step(monkeypatch: pytest.MonkeyPatch, model: Any, profile: dict[str
 
 def test_a_decode_step_with_custom_kernels_writes_the_epilogues(monkeypatch: pytest.MonkeyPatch) -> None:
     """With custom kernels (the Metal emulator as the GPU), a decode step's layer launches four quantized
-    matmuls and nothing between them but MLX's RoPE, KV cache and attention: q/k/v's normalises x and
-    leaves q, k and v in attention's layout, o's adds the residual, gate/up's normalises that and computes
-    the activation, down's adds the residual. The logits stay the stock model's."""
+    matmuls and nothing between them but MLX's KV cache and attention: q/k/v's normalises x, rotates q
+    and k (RoPE) and leaves q, k and v in attention's layout, o's adds the residual, gate/up's normalises
+    that and computes the activation, down's adds the residual. The logits stay the stock model's."""
     stock, patched, names = emulated_step(monkeypatch, build(LLAMA, 4, 32), _decode_profile(LLAMA, 4, 32))
-    # norm + q/k/v in heads; o + residual; norm + gate/up + activation; down + residual
-    layer = ["kf_qmv_heads_norm", "kf_qmv_residual", "kf_qmv_swiglu_norm", "kf_qmv_residual"]
+    # norm + q/k/v in heads + RoPE; o + residual; norm + gate/up + activation; down + residual
+    layer = ["kf_qmv_heads_rope_norm", "kf_qmv_residual", "kf_qmv_swiglu_norm", "kf_qmv_residual"]
     assert names == layer * 2 + ["kf_qmv"], names  # two layers, then the LM head
     assert close(stock, patched) <= LOGIT_TOL
 
@@ -245,7 +245,7 @@ def test_fused_launches_take_the_runner_up_where_the_built_in_won_alone(
     pick, the built-in, with MLX adding the residual. Slower than that, the layer runs mlx-lm's code."""
     model, body = build(LLAMA, 4, 32), _decode_profile(LLAMA, 4, 32)
     stock, patched, names = emulated_step(monkeypatch, model, runner_ups(body, 0.95))
-    assert names == ["kf_qmv_heads_norm", "kf_qmv_swiglu_norm"] * 2, names
+    assert names == ["kf_qmv_heads_rope_norm", "kf_qmv_swiglu_norm"] * 2, names
     assert close(stock, patched) <= LOGIT_TOL
     _, _, names = emulated_step(monkeypatch, model, runner_ups(body, 0.85))
     assert names == [], names

@@ -28,26 +28,37 @@ CONFIGS = [  # qmv at 2 and 4 rows a warp; qmv_split with 2 warps on a row's ste
     {"path": "qmv_split", "rpw": 4, "vw": 1, "tg": 64, "unr": 1},
 ]
 # what each epilogue adds to the launch: make's parameters, and the inputs after the matmul's four
+# (-1: RoPE's offset and freqs)
+ROPE = -1
 EPILOGUES = {
     "none": ({}, 0),
     "heads": ({"heads": HEADS}, 0),
+    "heads_rope": ({"heads": HEADS, "rope": 0.5}, ROPE),
     "swiglu": ({"glu": "swiglu"}, 0),
     "residual": ({"residual": True}, 1),
 }
+OFFSET = 37  # RoPE's position: angles up to 37 * 0.5 radians at the first pair
+
+
+def rope_inputs(head_dim: int, offset: int = OFFSET, base: float = 10000.0) -> list[mx.array]:
+    """RoPE's offset and freqs (``base ** (2i / head_dim)``, as mx.fast.rope's own base gives them)."""
+    return [mx.array([offset], mx.int32), base ** (mx.arange(0, head_dim, 2, dtype=mx.float32) / head_dim)]
 
 
 def _inputs(dtype: str, extra: int, m: int = 2, bits: int = 4, norm: bool = False) -> list[mx.array]:
-    """x, the weights, the norm's weight (with ``norm``) and ``extra`` residuals."""
+    """x, the weights, the norm's weight (with ``norm``) and ``extra`` residuals (:data:`ROPE`: RoPE's
+    inputs)."""
     shape = (m, K, N, bits, 32)
     x, wq, sc, bi = qmm.make_inputs(shape, dtype, 3)
     x = (x * (1.0 + 2.0 * mx.arange(m)[:, None])).astype(x.dtype)  # rows of different RMS
     nw = [(normal((K,), "float32", 21) * 0.2 + 1.0).astype(x.dtype)] if norm else []
-    return [x, wq, sc, bi, *nw, *(normal((m, N), dtype, 11 + i) for i in range(extra))]
+    rest = rope_inputs(HEADS[3]) if extra == ROPE else [normal((m, N), dtype, 11 + i) for i in range(extra)]
+    return [x, wq, sc, bi, *nw, *rest]
 
 
 def _reference(inputs: list[mx.array], **params: object) -> list[mx.array]:
     """The built-in in float32 throughout: what every candidate is checked against."""
-    return qmm.builtin([t if t.dtype == mx.uint32 else t.astype(mx.float32) for t in inputs],
+    return qmm.builtin([t if t.dtype in (mx.uint32, mx.int32) else t.astype(mx.float32) for t in inputs],
                        **params)  # type: ignore[arg-type]
 
 
@@ -125,7 +136,9 @@ def test_every_epilogue_passes_the_strict_metal_model() -> None:
     small decode shape it runs in (2 or more rows a warp), in the three dtypes, in the exact text MLX
     compiles."""
     shape = (2, 256, 64, 4, 32)
-    params = {**EPILOGUES, "heads": ({"heads": (2, 4, 2, 8)}, 0)}  # (4 + 2 * 2) * 8 = 64 outputs
+    heads = (2, 4, 2, 8)  # (4 + 2 * 2) * 8 = 64 outputs
+    params = {**EPILOGUES, "heads": ({"heads": heads}, 0),
+              "heads_rope": ({"heads": heads, "rope": 1.0}, ROPE)}
     kernels = []
     for dtype in ("float32", "float16", "bfloat16"):
         configs = [c for c in qmm.space(shape, dtype)
@@ -135,7 +148,8 @@ def test_every_epilogue_passes_the_strict_metal_model() -> None:
             if name == "none" and norm is None:
                 continue  # the catalog's own qmv: test_metal_render
             nw = [] if norm is None else [mx.ones((256,), base[0].dtype)]
-            inputs = [*base, *nw, *(normal((2, 64), dtype, 11) for _ in range(extra))]
+            rest = rope_inputs(8) if extra == ROPE else [normal((2, 64), dtype, 11) for _ in range(extra)]
+            inputs = [*base, *nw, *rest]
             with capture() as launches:
                 for config in configs:
                     qmm.make(config, "metal", shape, dtype, **p, norm=norm)(inputs)
