@@ -54,7 +54,7 @@ demo: $(SERVICE) ## The shipped GPU reports (H100, H200) beside this machine's C
 	$(BIN)/kernelfleet demo $(DEMO_REPORTS) --host $(HOST) --port $(PORT)
 
 test: lint ## Everything CI checks: ruff, then mypy beside pytest (mypy's CPU fits in what pytest leaves idle)
-	@$(MAKE) --no-print-directory -j2 typecheck pytest
+	@$(MAKE) --no-print-directory -j2 -o $(STAMP) typecheck pytest
 
 lint: $(STAMP) ## ruff
 	$(BIN)/ruff check .

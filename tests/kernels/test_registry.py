@@ -64,7 +64,10 @@ def test_quantized_matmuls_tensor_core_path_is_offered_to_cuda_only() -> None:
     mma = [c for c in every if c["path"] == "mma"]
     assert mma and cuda == every
     assert metal == [c for c in every if c["path"] != "mma"]
-    assert {c["rpw"] for c in mma} == {16, 32, 64} and {c["tg"] for c in mma} == {32, 64, 128, 256}
+    assert {c["rpw"] for c in mma} == {16, 32, 64} and {c["tg"] for c in mma} == {32, 64, 128, 256, 512}
+    # 512 threads where a lane's registers hold the tiles (quantized_mma.MAX_TILES_AT_512)
+    at_512 = {(c["rpw"], c["unr"]) for c in mma if c["tg"] == 512}
+    assert at_512 == {(16, 1), (16, 2), (32, 1), (32, 2), (64, 1)}
     assert not [c for c in spec.space(shape, "float32") if c["path"] == "mma"]  # 16-bit operands only
     assert not [c for c in spec.space((33, 4096, 14336, 4, 64), "bfloat16") if c["path"] == "mma"]
     with pytest.raises(KernelBuildError, match="CUDA"):
