@@ -187,16 +187,22 @@ _RESIDUAL = """            {
               out[i] = T(float(T(v)) + float(res[i]));
             }"""
 # q, k and v of one position, each (M, heads * head_dim): (batch, heads, 1, head_dim) in memory
-_HEADS = """            {
-              const KF_SIZE c = n0 + r;
-              if (c < KF_SIZE(NQ)) {
-                oq[KF_SIZE(m) * NQ + c] = T(v);
-              } else if (c < KF_SIZE(NQ + NKV)) {
-                ok[KF_SIZE(m) * NKV + (c - NQ)] = T(v);
-              } else {
-                ov[KF_SIZE(m) * NKV + (c - NQ - NKV)] = T(v);
-              }
-            }"""
+
+
+def _heads_write(values: Sequence[tuple[str, str]]) -> str:
+    """The stores of column ``c`` (of q, k and v joined) into q, k or v: each (offset, value) written at
+    ``c`` + offset of the one tensor ``c`` falls in (the offsets stay inside c's head)."""
+    def stores(out: str, stride: str, col: str) -> str:
+        return "".join(f"\n                {out}[KF_SIZE(m) * {stride} + {col}{off}] = T({val});"
+                       for off, val in values)
+    return (f"              if (c < KF_SIZE(NQ)) {{{stores('oq', 'NQ', 'c')}\n"
+            f"              }} else if (c < KF_SIZE(NQ + NKV)) {{{stores('ok', 'NKV', '(c - NQ)')}\n"
+            f"              }} else {{{stores('ov', 'NKV', '(c - NQ - NKV)')}\n"
+            "              }")
+
+
+_HEADS = ("            {\n              const KF_SIZE c = n0 + r;\n" + _heads_write([("", "v")])
+          + "\n            }")
 # silu(gate) * up as the swiglu kernel computes it (both rounded to T first): a warp's rows are gate rows
 # n0 / 2 .. n0 / 2 + RPW / 2 - 1 and the up rows N / 2 further on (``${ROW}``), so it holds both of a pair
 _GLU_OUT = """              const float gb = float(T(gate));
@@ -226,16 +232,7 @@ _ROPE_OUT = """              const KF_SIZE pr = n0 / 2 + KF_SIZE(r - RPW / 2);
                 b = b * cs + a * sn;
                 a = ra;
               }
-              if (c < KF_SIZE(NQ)) {
-                oq[KF_SIZE(m) * NQ + c] = T(a);
-                oq[KF_SIZE(m) * NQ + c + HD / 2] = T(b);
-              } else if (c < KF_SIZE(NQ + NKV)) {
-                ok[KF_SIZE(m) * NKV + (c - NQ)] = T(a);
-                ok[KF_SIZE(m) * NKV + (c - NQ) + HD / 2] = T(b);
-              } else {
-                ov[KF_SIZE(m) * NKV + (c - NQ - NKV)] = T(a);
-                ov[KF_SIZE(m) * NKV + (c - NQ - NKV) + HD / 2] = T(b);
-              }"""
+""" + _heads_write([("", "a"), (" + HD / 2", "b")])
 _ROPE = ("            if (r >= RPW / 2) {\n              const float lo = acc[m][r - RPW / 2];\n"
          "              const float hi = v;\n" + _ROPE_OUT + "\n            }")
 _ROPE_K = ("            {\n              const float lo = gate;\n              const float hi = v;\n"
