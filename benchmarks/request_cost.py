@@ -35,34 +35,23 @@ from typing import Any
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from coordinator_load import (  # noqa: E402  (the benchmark's own helpers: database, servers)
-    ROOT,
+from coordinator_load import (  # noqa: E402  (the benchmark's own helpers: database, servers, /proc CPU)
+    FLEET_REPORTS,
+    cpu_seconds,
+    cpu_used,
     drop_database,
     fresh_database,
+    process_tree,
     start_servers,
 )
 
 ROUTES = ("heartbeat", "lease-empty", "lease", "result")
-REPORTS = ROOT / "benchmarks" / "results" / "h100_fleet_tuning.jsonl"
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of ``pid`` and its children still running (uvicorn's workers), from /proc."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    pids = [pid]
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        pids += [int(c) for c in children]
-    except OSError:
-        pass
-    for p in pids:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / ticks
-    return total
+def server_cpu(pid: int) -> dict[int, float]:
+    """User + system CPU of ``pid`` and the processes under it (uvicorn's workers, the background
+    process), from /proc."""
+    return cpu_seconds(process_tree(pid))
 
 
 class Client:
@@ -109,9 +98,9 @@ async def timed(pid: int, label: str, calls: list[Any], concurrency: int) -> dic
             latencies.append(time.perf_counter() - t0)
             statuses[status] = statuses.get(status, 0) + 1
 
-    cpu0, t0 = cpu_seconds(pid), time.perf_counter()
+    cpu0, t0 = server_cpu(pid), time.perf_counter()
     await asyncio.gather(*(drain() for _ in range(concurrency)))
-    cpu, wall = cpu_seconds(pid) - cpu0, time.perf_counter() - t0
+    cpu, wall = cpu_used(cpu0, server_cpu(pid)), time.perf_counter() - t0
     n = len(calls)
     return {"route": label, "requests": n, "statuses": statuses, "cpu_ms": 1e3 * cpu / n,
             "req_s": n / wall, "p50_ms": 1e3 * statistics.median(latencies),
@@ -119,7 +108,7 @@ async def timed(pid: int, label: str, calls: list[Any], concurrency: int) -> dic
 
 
 async def run(args: argparse.Namespace, base: str, admin: str, pid: int) -> list[dict[str, Any]]:
-    reports = [json.loads(line) for line in REPORTS.read_text().splitlines() if line.strip()][:8]
+    reports = [json.loads(line) for line in FLEET_REPORTS.read_text().splitlines() if line.strip()][:8]
     rows = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=args.concurrency + 4)) as http:
         client = Client(http, base, admin)

@@ -22,15 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from coordinator_load import (  # noqa: E402  (the benchmarks' own helpers: databases, /proc CPU)
-    ROOT,
+    FLEET_REPORTS,
     cpu_seconds,
     cpu_used,
     drop_database,
     fresh_database,
     postgres_pids,
 )
-
-REPORTS = ROOT / "benchmarks" / "results" / "h100_fleet_tuning.jsonl"
 
 
 def postgres_cpu() -> dict[int, float]:
@@ -63,7 +61,7 @@ def measure(url: str, args: argparse.Namespace) -> None:
 
     engine = make_engine(url)
     sessions = make_sessionmaker(engine)
-    reports = [TuningReport.model_validate_json(line) for line in REPORTS.read_text().splitlines()]
+    reports = [TuningReport.model_validate_json(line) for line in FLEET_REPORTS.read_text().splitlines()]
 
     def store(i: int) -> None:
         r = reports[i % len(reports)]
