@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, cast
 
@@ -177,13 +178,23 @@ def insert_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]],
             stmt = stmt.on_conflict_do_nothing(index_elements=list(conflict))
         done = session.execute(stmt, list(rows), execution_options={"preserve_rowcount": True})
         return int(cast(Any, done).rowcount)
-    dialect = session.get_bind().dialect
-    quote = dialect.identifier_preparer.quote
-    columns = [table.c[name] for name in rows[0]]
-    binds = {c.name: b for c in columns if not isinstance(c.type, JSON)
-             and (b := c.type.dialect_impl(dialect).bind_processor(dialect)) is not None}
+    sql, binds = _recordset_insert(table, tuple(rows[0]), tuple(conflict), session.get_bind().dialect)
     if binds:
-        rows = [{**r, **{name: bind(r[name]) for name, bind in binds.items()}} for r in rows]
+        rows = [{**r, **{name: bind(r[name]) for name, bind in binds}} for r in rows]
+    body = json_dumps(list(rows), default=_iso)
+    return int(cast(Any, session.execute(sql, {"rows": body})).rowcount)
+
+
+@lru_cache(maxsize=64)
+def _recordset_insert(table: Table, names: tuple[str, ...], conflict: tuple[str, ...], dialect: Any
+                      ) -> tuple[Any, tuple[tuple[str, Callable[[Any], Any]], ...]]:
+    """:func:`insert_rows`' statement on PostgreSQL for rows with these keys, and the bind processors
+    of its columns that have one (JSON columns aside), made once per table, keys and dialect: not on
+    every report."""
+    quote = dialect.identifier_preparer.quote
+    columns = [table.c[name] for name in names]
+    binds = tuple((c.name, b) for c in columns if not isinstance(c.type, JSON)
+                  and (b := c.type.dialect_impl(dialect).bind_processor(dialect)) is not None)
     record = ", ".join(f"{quote(c.name)} {c.type.compile(dialect=dialect)}" for c in columns)
     values = ", ".join(f"COALESCE(r.{quote(c.name)}, 'null'::json)" if isinstance(c.type, JSON)
                        else f"r.{quote(c.name)}" for c in columns)
@@ -192,8 +203,7 @@ def insert_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]],
            f"SELECT {values} FROM json_to_recordset(CAST(:rows AS json)) AS r({record})")
     if conflict:
         sql += f" ON CONFLICT ({', '.join(map(quote, conflict))}) DO NOTHING"
-    body = json_dumps(list(rows), default=_iso)
-    return int(cast(Any, session.execute(text(sql), {"rows": body})).rowcount)
+    return text(sql), binds
 
 
 def _iso(value: Any) -> str:
