@@ -46,6 +46,8 @@ from ..catalog import quantized_matmul_kernel
 from ..common import prod
 from ..render.launch import interceptor
 from ..spec import Config, Shape
+from . import runtime
+from .model_decode import DecodeGraph, decode_graph
 from .model_patterns import Call, Router, Site, source_has
 from .model_quant import (
     ATTENTION_LINES,
@@ -217,7 +219,9 @@ def quantized_decoder_layer(m: nn.Module) -> Site | None:
             return ((self["input_layernorm"]["weight"], qkv.weight, qkv.scales, qkv.biases, *rope_freqs),
                     (o["weight"], o["scales"], o["biases"], self["post_attention_layernorm"]["weight"],
                      gu.weight, gu.scales, gu.biases, d["weight"], d["scales"], d["biases"]))
-        return layer_call(own, counters, graphs, half.sdpa, inputs)
+        backend = runtime.gpu_backend() if router.gpu else None
+        decode = decode_graph(pre, post, shape, dt, half.head_dims, backend)
+        return layer_call(own, counters, graphs, half.sdpa, inputs, decode)
 
     def member(s: Shape) -> bool:
         return len(s) == 5 and tuple(s[1:]) in tails
@@ -380,14 +384,16 @@ Inputs = Callable[[Any], "tuple[tuple[mx.array, ...], tuple[mx.array, ...]] | No
 
 
 def layer_call(own: Call, counters: Sequence[list[int]], graphs: tuple[tuple[Any, Any], tuple[Any, Any]],
-               sdpa: Any, inputs: Inputs) -> Call:
+               sdpa: Any, inputs: Inputs, decode: DecodeGraph | None = None) -> Call:
     """A layer block's ``__call__``: the pre graph (:func:`pre_graph`), mlx-lm's own
     ``cache.update_and_fetch`` and ``scaled_dot_product_attention`` as its layer calls them, the post graph
     (on x as rows, from the pre graph, and attention's output). ``graphs``: (plain, compiled) of each; the
     plain ones run while launches are recorded (``launch.capture``: no trace). ``inputs(self)``: the arrays
     of each graph after its own (x and the offset; x and attention's output), or None where the layer no
     longer holds what the block was made for (new weights: ``load_weights``), which then runs its own code,
-    as does a cache whose offset is not one number (an offset per sequence)."""
+    as does a cache whose offset is not one number (an offset per sequence). With ``decode``
+    (:func:`~kernelfleet.kernels.patch.model_decode.decode_graph`), a step whose cache it takes runs as
+    one graph, the cache written and attended inside it."""
     (pre_plain, pre_compiled), (post_plain, post_compiled) = graphs
 
     def call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
@@ -400,6 +406,8 @@ def layer_call(own: Call, counters: Sequence[list[int]], graphs: tuple[tuple[Any
         plain = interceptor() is not None
         # the offset as a 1-element array: mx.fast.rope takes it, and so does a kernel (not a scalar)
         at = mx.array([offset], mx.int32)
+        if decode is not None and decode.takes(cache, mask):
+            return decode.run(x, at, cache, self["self_attn"].scale, arrays, plain)
         queries, keys, values, x_rows = (pre_plain if plain else pre_compiled)(x, at, *arrays[0])
         if cache is not None:
             keys, values = cache.update_and_fetch(keys, values)

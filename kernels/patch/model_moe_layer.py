@@ -54,6 +54,8 @@ import mlx.nn as nn
 from ..catalog.gather_quantized_matmul_kernel import SORTED_MIN_PAIRS
 from ..common import prod
 from ..spec import Config, Shape
+from . import runtime
+from .model_decode import decode_graph
 from .model_layer import (
     LAYER_LINES,
     AttentionHalf,
@@ -278,7 +280,9 @@ def quantized_moe_decoder_layer(m: nn.Module) -> Site | None:
                      r["weight"], r["scales"], r["biases"], up["weight"], up["scales"], up["biases"],
                      gate["weight"], gate["scales"], gate["biases"], down["weight"], down["scales"],
                      down["biases"]))
-        return layer_call(own, counters, graphs, half.sdpa, inputs)
+        backend = runtime.gpu_backend() if router.gpu else None
+        decode = decode_graph(pre, post, shape, dt, half.head_dims, backend)
+        return layer_call(own, counters, graphs, half.sdpa, inputs, decode)
 
     names: dict[tuple[int, ...], str] = {}
     for name, tail in zip(NAMES, tails, strict=True):

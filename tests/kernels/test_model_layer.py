@@ -215,14 +215,70 @@ def emulated_step(monkeypatch: pytest.MonkeyPatch, model: Any, profile: dict[str
 
 def test_a_decode_step_with_custom_kernels_writes_the_epilogues(monkeypatch: pytest.MonkeyPatch) -> None:
     """With custom kernels (the Metal emulator as the GPU), a decode step's layer launches four quantized
-    matmuls and nothing between them but MLX's KV cache and attention: q/k/v's normalises x, rotates q
-    and k (RoPE) and leaves q, k and v in attention's layout, o's adds the residual, gate/up's normalises
-    that and computes the activation, down's adds the residual. The logits stay the stock model's."""
+    matmuls and the attention, with nothing between them but the KV cache's two writes: q/k/v's
+    normalises x, rotates q and k (RoPE) and leaves q, k and v in attention's layout, the attention reads
+    the cache's buffers (``model_decode``), o's adds the residual, gate/up's normalises that and computes
+    the activation, down's adds the residual. The logits stay the stock model's."""
     stock, patched, names = emulated_step(monkeypatch, build(LLAMA, 4, 32), _decode_profile(LLAMA, 4, 32))
-    # norm + q/k/v in heads + RoPE; o + residual; norm + gate/up + activation; down + residual
-    layer = ["kf_qmv_heads_rope_norm", "kf_qmv_residual", "kf_qmv_swiglu_norm", "kf_qmv_residual"]
+    # norm + q/k/v in heads + RoPE; attention; o + residual; norm + gate/up + activation; down + residual
+    layer = ["kf_qmv_heads_rope_norm", "kf_decode_attention", "kf_qmv_residual", "kf_qmv_swiglu_norm",
+             "kf_qmv_residual"]
     assert names == layer * 2 + ["kf_qmv"], names  # two layers, then the LM head
     assert close(stock, patched) <= LOGIT_TOL
+
+
+def test_decode_steps_write_the_cache_as_mlx_lm_does_across_its_growth(monkeypatch: pytest.MonkeyPatch
+                                                                        ) -> None:
+    """Decode steps on the Metal emulator from position 254: the one-graph step (``model_decode``) writes
+    the new keys and values into the cache's buffers at 254 and 255, the full cache's step at 256 takes
+    mlx-lm's ``update_and_fetch`` (the buffers grow to 512) and the one-graph step runs again at 257. Each
+    step's logits stay stock's, and the cache holds what stock's holds, position for position. (Each step
+    first runs with its launches recorded, which shows the path it takes, then again on the emulator at
+    the same position.)"""
+    from kernelfleet.kernels.patch import runtime
+    from kernelfleet.kernels.render.launch import capture, intercept
+    from kernelfleet.kernels.testing.metal_emu import Emulator
+    from kernelfleet.worker.backends.metal_emu import MetalEmuBackend
+
+    emu = MetalEmuBackend(Emulator(seed=0))
+    if not emu.available():
+        pytest.skip("the Metal emulator needs clang++")
+    model = build(LLAMA, 4, 32)
+    prompt = mx.array([[(7 * i) % 100 for i in range(254)]])
+    caches = [make_prompt_cache(model) for _ in range(2)]
+    for cache in caches:
+        model(prompt, cache=cache)
+        mx.eval([c.state for c in cache])
+    stock_cache, cache = caches
+    monkeypatch.setattr(runtime, "target", lambda: runtime.Target("Apple M3 Max", "metal"))
+    runtime.clear_caches()
+    tokens = [11, 23, 5, 42]
+    attention_launches = []
+    for token in tokens:
+        want = model(mx.array([[token]]), cache=stock_cache)
+        kernelfleet.patch(model, profile=_decode_profile(LLAMA, 4, 32))
+        try:
+            with capture() as launches:
+                model(mx.array([[token]]), cache=cache)
+            for c in cache:  # the capture wrote zeros at this position: the step again, at the same one
+                c.offset -= 1
+            attention_launches.append(sum(r.rendered.name.startswith("kf_decode_attention")
+                                          for r in launches))
+            with intercept(emu.launch):
+                got = model(mx.array([[token]]), cache=cache)
+                mx.eval(got, [c.state for c in cache])
+        finally:
+            kernelfleet.unpatch(model)
+        assert close(want, got) <= LOGIT_TOL
+        for mine, theirs in zip(cache, stock_cache, strict=True):
+            assert mine.offset == theirs.offset and mine.keys.shape == theirs.keys.shape
+            n = theirs.offset
+            for a, b in ((mine.keys, theirs.keys), (mine.values, theirs.values)):
+                assert mx.allclose(a[..., :n, :], b[..., :n, :], atol=1e-5).item()
+    runtime.clear_caches()
+    # positions 254 and 255 in the one graph; 256 grows the cache (mlx-lm's code); 257 in the one graph
+    assert attention_launches == [2, 2, 0, 2]
+    assert cache[0].keys.shape[2] == 512
 
 
 def runner_ups(body: dict[str, Any], speedup: float) -> dict[str, Any]:
@@ -245,7 +301,7 @@ def test_fused_launches_take_the_runner_up_where_the_built_in_won_alone(
     pick, the built-in, with MLX adding the residual. Slower than that, the layer runs mlx-lm's code."""
     model, body = build(LLAMA, 4, 32), _decode_profile(LLAMA, 4, 32)
     stock, patched, names = emulated_step(monkeypatch, model, runner_ups(body, 0.95))
-    assert names == ["kf_qmv_heads_rope_norm", "kf_qmv_swiglu_norm"] * 2, names
+    assert names == ["kf_qmv_heads_rope_norm", "kf_decode_attention", "kf_qmv_swiglu_norm"] * 2, names
     assert close(stock, patched) <= LOGIT_TOL
     _, _, names = emulated_step(monkeypatch, model, runner_ups(body, 0.85))
     assert names == [], names

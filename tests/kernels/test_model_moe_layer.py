@@ -201,12 +201,14 @@ def test_layers_the_block_does_not_take_keep_their_own_patterns(monkeypatch: pyt
 
 def test_a_decode_step_with_custom_kernels_writes_the_epilogues(monkeypatch: pytest.MonkeyPatch) -> None:
     """With custom kernels (the Metal emulator as the GPU), a decode step's layer launches three quantized
-    matmuls: q/k/v's normalises x and leaves q, k and v in attention's layout, o's adds the residual, the
+    matmuls: q/k/v's normalises x and leaves q, k and v in attention's layout (then q_norm, k_norm, RoPE
+    and the KV cache's two writes in MLX's ops, and the attention kernel: ``model_decode``), o's adds the
+    residual, the
     router's is plain (8 bits); the experts' up, gate and down run the gathered qmv on the 4 pairs in the
     router's order (up and gate on the token's one row). The logits stay the stock model's."""
     config, model = model_of(4, 32)
     stock, patched, names = emulated_step(monkeypatch, model, profile(config, 4, 32, prefill=()))
-    layer = ["kf_qmv_heads_norm", "kf_qmv_residual", "kf_qmv", *["kf_gather_qmv"] * 3]
+    layer = ["kf_qmv_heads_norm", "kf_decode_attention", "kf_qmv_residual", "kf_qmv", *["kf_gather_qmv"] * 3]
     assert names == layer * 2 + ["kf_qmv"], names  # + LM head
     assert close(stock, patched) <= LOGIT_TOL
 
@@ -226,7 +228,7 @@ def test_a_fused_launch_takes_the_runner_up_where_the_built_in_won_alone(
     near = runner_ups(base, 0.95)
     stock, patched, names = emulated_step(monkeypatch, model, near)
     # the router and the LM head (1x128x256, as q/k/v joined here), not fused launches: the built-in
-    assert names == ["kf_qmv_heads_norm", "kf_qmv_residual"] * 2, names
+    assert names == ["kf_qmv_heads_norm", "kf_decode_attention", "kf_qmv_residual"] * 2, names
     assert close(stock, patched) <= LOGIT_TOL
     report = kernelfleet.patch(model, profile=near)
     kernelfleet.unpatch(model)
@@ -244,7 +246,7 @@ def test_a_fused_launch_takes_the_runner_up_where_the_built_in_won_alone(
     noisy = {**base, "entries": [{**e, "speedup": 1.01} if e["kernel"] == "quantized_matmul"
                                  and e["shape"].startswith("1x") else e for e in base["entries"]]}
     _, _, names = emulated_step(monkeypatch, model, noisy)
-    assert names == ["kf_qmv_heads_norm", "kf_qmv_residual"] * 2, names
+    assert names == ["kf_qmv_heads_norm", "kf_decode_attention", "kf_qmv_residual"] * 2, names
     report = kernelfleet.patch(model, profile=noisy)
     kernelfleet.unpatch(model)
     assert "M=1 q/k/v (qmv, fused; 1.01x alone)" in layers(report)[0].reason
