@@ -24,6 +24,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from kernelfleet.service.canonical import canonical_json
 from kernelfleet.service.db import stored_utc
 
 MAX_TRIALS = 512
@@ -192,8 +193,8 @@ class TuningReport(Strict):
 
 
 def canonical_digest(data: Any) -> str:
-    text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    return hashlib.sha256(text.encode()).hexdigest()
+    """SHA-256 of ``data``'s canonical JSON (:mod:`kernelfleet.service.canonical`; its floats finite)."""
+    return hashlib.sha256(canonical_json(data)).hexdigest()
 
 
 # ---- health ----
