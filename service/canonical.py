@@ -32,8 +32,8 @@ from typing import Any
 import orjson
 
 _SHORT_EXPONENT = re.compile(rb"e-[0-9](?=[,\]}])")  # orjson's 1e-7 (repr: 1e-07)
-_SMALL = re.compile(rb"0\.0000")  # orjson's 0.00001 (repr: 1e-05)
-_NUMBER = frozenset(b"0123456789.+-e")
+_SMALL = re.compile(rb"0\.0000[0-9]*")  # orjson's 0.00001 (repr: 1e-05)
+_DIGITS = frozenset(b"0123456789")
 _BEFORE = frozenset(b",:[")  # what precedes a number in compact JSON
 _AFTER = frozenset(b",]}")
 
@@ -54,24 +54,24 @@ def canonical_json(data: Any) -> bytes:
         return reference_json(data)
     if b'\\"' in text:
         return reference_json(data)
-    found = sorted([m.start() for m in _SHORT_EXPONENT.finditer(text)]
-                   + [m.start() for m in _SMALL.finditer(text)])
+    found = sorted([(m.start(), m.end()) for m in _SMALL.finditer(text)]
+                   + [(m.start(), 0) for m in _SHORT_EXPONENT.finditer(text)])
     if not found:
         return text
     out: list[bytes] = []
     written = counted = quotes = 0
-    for at in found:
-        if at < written:
-            continue  # inside a number already rewritten
+    for at, end in found:
         quotes += text.count(b'"', counted, at)
         counted = at
         if quotes % 2:
             continue  # inside a string
-        start, end = at, at
-        while text[start - 1] in _NUMBER:  # text[0] is { or [
-            start -= 1
-        while text[end] in _NUMBER:  # the text ends with } or ]
-            end += 1
+        if not end:  # a number's e-D: repr writes the exponent with two digits
+            out += (text[written:at + 2], b"0")
+            written = at + 2
+            continue
+        start = at - 1 if text[at - 1] == 45 else at  # its minus sign
+        if text[start - 1] in _DIGITS:
+            continue  # within a larger number (10.00001), which both spell alike
         if text[start - 1] not in _BEFORE or text[end] not in _AFTER:
             return reference_json(data)  # not a number as orjson writes one: never seen
         out += (text[written:start], repr(float(text[start:end])).encode())

@@ -53,13 +53,20 @@ class Strict(BaseModel):
         return value
 
 
+_NO_TEXT = frozenset((int, float, bool, type(None)))  # what holds no string (subclasses are looked into)
+
+
 def _has_nul(value: Any) -> bool:
     """A NUL in a validated field: a string, or one inside a list or a dict (keys and values, at any
     depth, as a free-form model config holds them: lists may mix strings with numbers and booleans).
-    Nested models check their own fields; a list's numbers cost one type check each."""
+    Nested models check their own fields. A list of numbers only (a trial's samples, the golden sample)
+    is told by its items' types in one pass in C: item by item in Python it was 0.18 ms of a 40 KB
+    report's 0.30 ms validation."""
     if isinstance(value, str):
         return "\x00" in value
     if isinstance(value, list):
+        if _NO_TEXT.issuperset(map(type, value)):
+            return False
         return any(_has_nul(v) for v in value if isinstance(v, (str, list, dict)))
     if isinstance(value, dict):
         return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
