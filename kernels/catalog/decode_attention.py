@@ -6,10 +6,10 @@ positions they hold (RoPE's offset, an input, plus one).
 Why a kernel of its own: a decode step at batch 1 is host time on a GPU. On MLX 0.32's CUDA backend a
 decode step's attention over the cache's slices goes through cuDNN, whose per-call graph update costs
 some 28 us of host time a layer (py-spy of a Llama-3-8B 4-bit decode loop on an NVIDIA H200,
-``benchmarks/results/h200_decode_host_profile.txt``), against some 6 us for a custom kernel. Reading the
+``benchmarks/results/h200_decode_host_profile.txt``), against some 6-8 us for a custom kernel. Reading the
 buffers' length at run time (``k_shape``), not as a template value, lets the layer block
-(:mod:`kernelfleet.kernels.patch.model_layer`) write the cache and attend in one compiled graph whose
-shape changes only when the cache grows (every 256 positions), never per step.
+(:mod:`kernelfleet.kernels.patch.model_decode`) attend and run the rest of the layer in one compiled graph
+whose shapes change only when the cache grows (every 256 positions), never per step.
 
 One group of ``TG`` threads per (sequence, query head); grouped-query heads read their KV head
 (``HQ / HKV`` query heads each). Each warp / SIMD group takes ``U`` positions at a time, every

@@ -1,17 +1,21 @@
-"""A layer block's decode step as one compiled graph: the KV cache written and attended inside it.
+"""A layer block's decode step with the KV cache written by the block and attended by a kernel of its own.
 
-At one position per sequence a layer block (:mod:`.model_layer`, :mod:`.model_moe_layer`) runs its pre
-graph, mlx-lm's ``cache.update_and_fetch``, mlx-lm's attention and its post graph: three calls from Python
-and, on MLX 0.32's CUDA backend, a cuDNN attention whose per-call graph update is the largest single host
-cost of the step (some 28 us a layer; 19 % of a Llama-3-8B 4-bit decode loop's samples on an NVIDIA H200,
-``benchmarks/results/h200_decode_host_profile.txt``). Where the cache is mlx-lm's ``KVCache`` (its
-``update_and_fetch`` source checked) with room for the new position, :class:`DecodeGraph` does the same in
-one ``mx.compile``d graph: the pre graph, the new keys and values written into the cache's buffers at the
-offset (``mx.slice_update`` with the offset as an array, as ``update_and_fetch`` writes them), the attention
-over the buffers' first ``offset + 1`` positions (:mod:`kernelfleet.kernels.catalog.decode_attention`, one
-launch) and the post graph; the cache then holds the new buffers and offset, as after ``update_and_fetch``.
-The graph's shapes change only when the cache grows (every 256 positions, which mlx-lm's own
-``update_and_fetch`` does on that step), so one trace serves every step between.
+At one position per sequence a layer block (:mod:`.model_layer`, :mod:`.model_moe_layer`) ran its pre
+graph, mlx-lm's ``cache.update_and_fetch``, mlx-lm's attention and its post graph. On MLX 0.32's CUDA
+backend the attention over the cache's slices goes through cuDNN, whose per-call graph update is the
+largest single host cost of the step (some 28 us a layer: 19 % of a Llama-3-8B 4-bit decode loop's samples
+on an NVIDIA H200, ``benchmarks/results/h200_decode_host_profile.txt``), and ``update_and_fetch`` is a
+third of the model call's Python. Where the cache is mlx-lm's ``KVCache`` (its ``update_and_fetch`` source
+checked) with room for the new position, :class:`DecodeGraph` writes the new keys and values where
+``update_and_fetch`` writes them, as it writes them (``cache.keys[..., prev:prev + 1, :] = keys``: MLX's
+SliceUpdate, in place), and then runs the attention over the buffers' first ``offset + 1`` positions
+(:mod:`kernelfleet.kernels.catalog.decode_attention`, one launch reading the buffers whole: no slices) and
+the post graph as one ``mx.compile``d graph, whose shapes change only when the cache grows (every 256
+positions, a step that mlx-lm's own ``update_and_fetch`` takes), so one trace serves every step between.
+
+The writes stay outside the compiled graph: inside it they would be ``mx.slice_update`` at the offset as
+an array, whose copy (MLX's DynamicSliceUpdate, ``copy_gg_dynamic_nd``) took 35.6 us of GPU time a call on
+the H200 and made the step no faster (``benchmarks/results/h200_model_llama4bit_decode_graph_ab.txt``).
 
 It runs where custom kernels run (a GPU, or the Metal emulator in the tests) and the attention is the
 plain one mlx-lm calls at a decode step: no mask, a head dim the kernel takes, the cache in the
@@ -52,19 +56,17 @@ def kv_cache_class() -> type | None:
 
 @dataclass
 class DecodeGraph:
-    """One layer block's decode step at ``batch`` sequences as one graph (the module docstring): ``pre``
-    and ``post`` are the block's graph functions (:func:`.model_layer.pre_graph`'s and its post graph's),
-    ``heads`` its (query heads, KV heads, head dim)."""
+    """One layer block's decode step at ``batch`` sequences (the module docstring): ``post`` is the block's
+    post graph function, ``heads`` its (query heads, KV heads, head dim)."""
 
-    pre: Callable[..., Any]
     post: Callable[..., Any]
     batch: int
     heads: tuple[int, int, int]
     dtype: mx.Dtype
     backend: GpuBackend
     cache_class: Any  # mlx-lm's KVCache (kv_cache_class)
-    _graphs: dict[tuple[float, int], tuple[Callable[..., Any], Callable[..., Any]]] = field(
-        default_factory=dict, repr=False)
+    _graphs: dict[float, tuple[Callable[..., Any], Callable[..., Any]]] = field(default_factory=dict,
+                                                                               repr=False)
 
     def takes(self, cache: Any, mask: Any) -> bool:
         """Whether this step runs here: mlx-lm's ``KVCache`` with room for one more position, no mask."""
@@ -73,38 +75,39 @@ class DecodeGraph:
         keys = cache.keys
         return cache.offset < keys.shape[2] and keys.dtype == self.dtype and cache.values.dtype == self.dtype
 
-    def graph(self, scale: float, n_pre: int, plain: bool) -> Callable[..., Any]:
-        """The step's function (``plain``: uncompiled, while launches are intercepted) for attention's
-        ``scale``, the pre graph taking the first ``n_pre`` of the layer's arrays."""
-        got = self._graphs.get((scale, n_pre))
+    def graph(self, scale: float, plain: bool) -> Callable[..., Any]:
+        """The attention and the post graph as one function (``plain``: uncompiled, while launches are
+        intercepted) for attention's ``scale``."""
+        got = self._graphs.get(scale)
         if got is None:
             heads, kv_heads, hd = self.heads
             attend = decode_attention.make(self.backend, self.batch, heads, kv_heads, hd,
                                            dtype_name(self.dtype), scale)
-            pre, post = self.pre, self.post
+            post = self.post
 
-            def step(x: mx.array, at: mx.array, keys: mx.array, values: mx.array, *arrays: mx.array
-                     ) -> tuple[mx.array, mx.array, mx.array]:
-                q, k, v, rows = pre(x, at, *arrays[:n_pre])
-                keys = mx.slice_update(keys, k, at, axes=(2,))
-                values = mx.slice_update(values, v, at, axes=(2,))
-                out = attend([q, keys, values, at])[0]
-                return post(rows, out, *arrays[n_pre:]), keys, values
-            got = self._graphs[(scale, n_pre)] = (step, mx.compile(step))
+            def attend_post(rows: mx.array, q: mx.array, keys: mx.array, values: mx.array, at: mx.array,
+                            *arrays: mx.array) -> mx.array:
+                out: mx.array = post(rows, attend([q, keys, values, at])[0], *arrays)
+                return out
+            got = self._graphs[scale] = (attend_post, mx.compile(attend_post))
         return got[0] if plain else got[1]
 
-    def run(self, x: mx.array, at: mx.array, cache: Any, scale: float,
+    def run(self, pre: Callable[..., Any], x: mx.array, at: mx.array, cache: Any, scale: float,
             arrays: tuple[tuple[mx.array, ...], ...], plain: bool) -> mx.array:
-        """The step on ``x`` at the cache's offset (``at``: it as an array); the cache then holds the new
-        buffers and offset."""
-        out, cache.keys, cache.values = self.graph(scale, len(arrays[0]), plain)(
-            x, at, cache.keys, cache.values, *arrays[0], *arrays[1])
-        cache.offset += 1
+        """The step on ``x`` at the cache's offset (``at``: it as an array) after the block's ``pre``
+        graph: the new keys and values written where ``update_and_fetch`` writes them (in place: MLX's
+        SliceUpdate on the cache's buffers), then attention and the post graph in one call."""
+        q, keys, values, rows = pre(x, at, *arrays[0])
+        prev = cache.offset
+        cache.offset = prev + 1
+        cache.keys[..., prev:prev + 1, :] = keys
+        cache.values[..., prev:prev + 1, :] = values
+        out: mx.array = self.graph(scale, plain)(rows, q, cache.keys, cache.values, at, *arrays[1])
         return out
 
 
-def decode_graph(pre: Callable[..., Any], post: Callable[..., Any], shape: tuple[int, ...], dt: mx.Dtype,
-                 heads: tuple[int, int, int], backend: GpuBackend | None) -> DecodeGraph | None:
+def decode_graph(post: Callable[..., Any], shape: tuple[int, ...], dt: mx.Dtype, heads: tuple[int, int, int],
+                 backend: GpuBackend | None) -> DecodeGraph | None:
     """The :class:`DecodeGraph` of a layer block's call at ``shape`` (batch, L, hidden), or None where it
     cannot run: more than one position, no custom kernels here, attention the kernel does not take, or an
     mlx-lm whose ``KVCache`` writes otherwise."""
@@ -112,4 +115,4 @@ def decode_graph(pre: Callable[..., Any], post: Callable[..., Any], shape: tuple
     if shape[1] != 1 or backend is None or cache_class is None \
             or not decode_attention.supports(*heads, dtype_name(dt)):
         return None
-    return DecodeGraph(pre, post, shape[0], heads, dt, backend, cache_class)
+    return DecodeGraph(post, shape[0], heads, dt, backend, cache_class)

@@ -10,6 +10,8 @@ layer in two ``mx.compile``d graphs per input shape, around the KV cache and att
   into heads and RoPE on q and k (its offset passed as an array, so one graph serves every position);
   at one position per sequence q/k/v's call itself rotates q and k (:func:`fused_rope`);
 - mlx-lm's own ``cache.update_and_fetch`` and ``scaled_dot_product_attention``, as its layer calls them;
+  at a decode step over mlx-lm's ``KVCache`` the cache's writes and the block's own attention kernel
+  instead, the attention compiled with the post graph (:mod:`.model_decode`);
 - ``post``: ``o_proj``, the residual add, the post-attention RMSNorm, gate/up joined, the activation,
   ``down_proj`` and the second residual add.
 
@@ -220,7 +222,7 @@ def quantized_decoder_layer(m: nn.Module) -> Site | None:
                     (o["weight"], o["scales"], o["biases"], self["post_attention_layernorm"]["weight"],
                      gu.weight, gu.scales, gu.biases, d["weight"], d["scales"], d["biases"]))
         backend = runtime.gpu_backend() if router.gpu else None
-        decode = decode_graph(pre, post, shape, dt, half.head_dims, backend)
+        decode = decode_graph(post, shape, dt, half.head_dims, backend)
         return layer_call(own, counters, graphs, half.sdpa, inputs, decode)
 
     def member(s: Shape) -> bool:
@@ -406,9 +408,10 @@ def layer_call(own: Call, counters: Sequence[list[int]], graphs: tuple[tuple[Any
         plain = interceptor() is not None
         # the offset as a 1-element array: mx.fast.rope takes it, and so does a kernel (not a scalar)
         at = mx.array([offset], mx.int32)
+        pre = pre_plain if plain else pre_compiled
         if decode is not None and decode.takes(cache, mask):
-            return decode.run(x, at, cache, self["self_attn"].scale, arrays, plain)
-        queries, keys, values, x_rows = (pre_plain if plain else pre_compiled)(x, at, *arrays[0])
+            return decode.run(pre, x, at, cache, self["self_attn"].scale, arrays, plain)
+        queries, keys, values, x_rows = pre(x, at, *arrays[0])
         if cache is not None:
             keys, values = cache.update_and_fetch(keys, values)
         out = sdpa(queries, keys, values, cache=cache, scale=self["self_attn"].scale, mask=mask)
