@@ -106,6 +106,17 @@ class DecodeGraph:
         return out
 
 
+REPORT_NOTE = "; its own decode attention"  # where custom kernels run, over mlx-lm's KVCache
+
+
+def report_note(heads: tuple[int, int, int]) -> str:
+    """What a layer block's report line says of its decode step: its own attention where it can take this
+    attention (a 16-bit or float32 cache of mlx-lm's ``KVCache``), else nothing."""
+    if kv_cache_class() is None or not decode_attention.supports(*heads, "bfloat16"):
+        return ""
+    return REPORT_NOTE
+
+
 def decode_graph(post: Callable[..., Any], shape: tuple[int, ...], dt: mx.Dtype, heads: tuple[int, int, int],
                  backend: GpuBackend | None) -> DecodeGraph | None:
     """The :class:`DecodeGraph` of a layer block's call at ``shape`` (batch, L, hidden), or None where it

@@ -55,7 +55,7 @@ from ..catalog.gather_quantized_matmul_kernel import SORTED_MIN_PAIRS
 from ..common import prod
 from ..spec import Config, Shape
 from . import runtime
-from .model_decode import decode_graph
+from .model_decode import decode_graph, report_note
 from .model_layer import (
     LAYER_LINES,
     AttentionHalf,
@@ -303,6 +303,7 @@ def quantized_moe_decoder_layer(m: nn.Module) -> Site | None:
               if t[-2:] != (half.bits, half.group)]
     if others:
         label += f" ({', '.join(others)})"
+    label += report_note(half.head_dims)
     families = {KERNEL: lambda s: len(s) == 5 and tuple(s[1:]) in names,
                 GATHER: lambda s: len(s) == 6 and tuple(s[1:]) in names,
                 "rmsnorm": lambda s: len(s) == 2 and s[1] in (k, hd), "add_rmsnorm": rows_of(k)}

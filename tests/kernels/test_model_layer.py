@@ -63,8 +63,8 @@ def test_the_layer_is_one_block_and_keeps_the_logits(config: dict[str, Any], bit
     assert all(m.patched for m in layers)
     m = len(PROMPT)
     assert f"patched  quantized decoder layer (128 -> 128 + 64 + 64 | 128 -> 256 -> 128, {bits}-bit, " \
-           f"group {group}, float32) x2: profile: quantized_matmul: custom at M=1 q/k/v (qmv), M={m} q/k/v " \
-           f"(dq), M=1 o (qmv), M={m} o (dq), M=1 gate/up (qmv)" in str(report)
+           f"group {group}; its own decode attention, float32) x2: profile: quantized_matmul: custom at " \
+           f"M=1 q/k/v (qmv), M={m} q/k/v (dq), M=1 o (qmv), M={m} o (dq), M=1 gate/up (qmv)" in str(report)
     for a, b in zip(stock, logits(model, PROMPT), strict=True):
         assert close(a, b) <= LOGIT_TOL
     # the prefill and the decode step: four quantized matmuls with the profile's config each, the
