@@ -9,8 +9,9 @@ replays, so those bytes may never change. ``json.dumps`` took 0.62 ms of a 40 KB
 - orjson and ``repr`` write the same shortest digits that read back as the float; they spell the
   number differently only below 1e-4: orjson writes ``1e-7`` and ``0.00001`` where ``repr`` writes
   ``1e-07`` and ``1e-05`` (tests/service/test_canonical.py checks it on millions of doubles, every
-  power of ten and its neighbours). Every number token with ``e-`` and one digit, or starting with
-  ``0.0000``, is rewritten as ``repr(float(token))``: what ``json.dumps`` writes for that float.
+  power of ten and its neighbours). A number's ``e-`` and one digit gets the exponent's leading zero
+  (orjson's mantissa is ``repr``'s), and a number starting with ``0.0000`` is rewritten as
+  ``repr(float(token))``: what ``json.dumps`` writes for that float.
 - such text inside a string is left alone: a position is inside one when an odd number of quotes
   precede it, which holds when no string has an escaped quote (``\\"``); a text with one is written by
   ``json.dumps``.
