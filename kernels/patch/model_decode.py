@@ -17,8 +17,10 @@ The writes stay outside the compiled graph: inside it they would be ``mx.slice_u
 an array, whose copy (MLX's DynamicSliceUpdate, ``copy_gg_dynamic_nd``) took 35.6 us of GPU time a call on
 the H200 and made the step no faster (``benchmarks/results/h200_model_llama4bit_decode_graph_ab.txt``).
 
-It runs where custom kernels run (a GPU, or the Metal emulator in the tests) and the attention is the
-plain one mlx-lm calls at a decode step: no mask, a head dim the kernel takes, the cache in the
+It runs where custom kernels run on a backend of :data:`BACKENDS` (CUDA: where it was measured; on Metal
+MLX's own decode attention is a vector kernel without cuDNN's host cost, and this kernel is unmeasured
+against it on a Mac; the tests run it on the Metal emulator) and the attention is the plain one mlx-lm
+calls at a decode step: no mask, a head dim the kernel takes, the cache in the
 queries' dtype. Anything else (a full cache, another cache class, a mask, a prefill) keeps the block's
 path around mlx-lm's cache and attention.
 """
@@ -106,13 +108,15 @@ class DecodeGraph:
         return out
 
 
-REPORT_NOTE = "; its own decode attention"  # where custom kernels run, over mlx-lm's KVCache
+BACKENDS: tuple[GpuBackend, ...] = ("cuda",)  # where a block runs its own decode attention
+REPORT_NOTE = "; its own decode attention"  # over mlx-lm's KVCache
 
 
-def report_note(heads: tuple[int, int, int]) -> str:
-    """What a layer block's report line says of its decode step: its own attention where it can take this
-    attention (a 16-bit or float32 cache of mlx-lm's ``KVCache``), else nothing."""
-    if kv_cache_class() is None or not decode_attention.supports(*heads, "bfloat16"):
+def report_note(heads: tuple[int, int, int], backend: GpuBackend | None) -> str:
+    """What a layer block's report line says of its decode step: its own attention where it runs it on
+    ``backend`` (the patch's; None: no custom kernels) for these heads, else nothing."""
+    if backend not in BACKENDS or kv_cache_class() is None \
+            or not decode_attention.supports(*heads, "bfloat16"):
         return ""
     return REPORT_NOTE
 
@@ -120,10 +124,10 @@ def report_note(heads: tuple[int, int, int]) -> str:
 def decode_graph(post: Callable[..., Any], shape: tuple[int, ...], dt: mx.Dtype, heads: tuple[int, int, int],
                  backend: GpuBackend | None) -> DecodeGraph | None:
     """The :class:`DecodeGraph` of a layer block's call at ``shape`` (batch, L, hidden), or None where it
-    cannot run: more than one position, no custom kernels here, attention the kernel does not take, or an
-    mlx-lm whose ``KVCache`` writes otherwise."""
+    cannot run: more than one position, no custom kernels here or not on a backend of :data:`BACKENDS`,
+    attention the kernel does not take, or an mlx-lm whose ``KVCache`` writes otherwise."""
     cache_class = kv_cache_class()
-    if shape[1] != 1 or backend is None or cache_class is None \
+    if shape[1] != 1 or backend not in BACKENDS or cache_class is None \
             or not decode_attention.supports(*heads, dtype_name(dt)):
         return None
     return DecodeGraph(post, shape[0], heads, dt, backend, cache_class)

@@ -239,7 +239,7 @@ def quantized_decoder_layer(m: nn.Module) -> Site | None:
     if len({(t[2], t[3]) for t in tails}) > 1:
         formats = (f"{n} {t[2]}-bit group {t[3]}" for n, t in zip(NAMES, tails, strict=True))
         label += f" ({', '.join(formats)})"
-    label += report_note(half.head_dims)
+    label += report_note(half.head_dims, runtime.gpu_backend())
     families = {KERNEL: member, act: rows_of(inter), **{kernel: rows_of(k) for kernel in NORMS}}
     return Site("quantized decoder layer", families, label, plan, None, bind=bind, describe=named,
                 consumes=CONSUMES, prepare=prepare, fused=fused_roles([tails[0], tails[2]]))

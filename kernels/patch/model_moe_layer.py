@@ -303,7 +303,7 @@ def quantized_moe_decoder_layer(m: nn.Module) -> Site | None:
               if t[-2:] != (half.bits, half.group)]
     if others:
         label += f" ({', '.join(others)})"
-    label += report_note(half.head_dims)
+    label += report_note(half.head_dims, runtime.gpu_backend())
     families = {KERNEL: lambda s: len(s) == 5 and tuple(s[1:]) in names,
                 GATHER: lambda s: len(s) == 6 and tuple(s[1:]) in names,
                 "rmsnorm": lambda s: len(s) == 2 and s[1] in (k, hd), "add_rmsnorm": rows_of(k)}

@@ -18,6 +18,7 @@ from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
 import kernelfleet  # noqa: E402
 from kernelfleet.kernels.catalog import get_spec  # noqa: E402
+from kernelfleet.kernels.patch import model_decode  # noqa: E402
 
 from .test_model_quant import (  # noqa: E402
     LOGIT_TOL,
@@ -63,8 +64,8 @@ def test_the_layer_is_one_block_and_keeps_the_logits(config: dict[str, Any], bit
     assert all(m.patched for m in layers)
     m = len(PROMPT)
     assert f"patched  quantized decoder layer (128 -> 128 + 64 + 64 | 128 -> 256 -> 128, {bits}-bit, " \
-           f"group {group}; its own decode attention, float32) x2: profile: quantized_matmul: custom at " \
-           f"M=1 q/k/v (qmv), M={m} q/k/v (dq), M=1 o (qmv), M={m} o (dq), M=1 gate/up (qmv)" in str(report)
+           f"group {group}, float32) x2: profile: quantized_matmul: custom at M=1 q/k/v (qmv), M={m} q/k/v " \
+           f"(dq), M=1 o (qmv), M={m} o (dq), M=1 gate/up (qmv)" in str(report)
     for a, b in zip(stock, logits(model, PROMPT), strict=True):
         assert close(a, b) <= LOGIT_TOL
     # the prefill and the decode step: four quantized matmuls with the profile's config each, the
@@ -197,6 +198,8 @@ def emulated_step(monkeypatch: pytest.MonkeyPatch, model: Any, profile: dict[str
     for c in cache:  # the step again, at the same position
         c.offset -= 1
     monkeypatch.setattr(runtime, "target", lambda: runtime.Target("Apple M3 Max", "metal"))
+    # the decode step's own attention runs on CUDA only (model_decode.BACKENDS): here, its Metal rendering
+    monkeypatch.setattr(model_decode, "BACKENDS", ("cuda", "metal"))
     runtime.clear_caches()
     kernelfleet.patch(model, profile=profile)
     try:
@@ -251,6 +254,7 @@ def test_decode_steps_write_the_cache_as_mlx_lm_does_across_its_growth(monkeypat
         mx.eval([c.state for c in cache])
     stock_cache, cache = caches
     monkeypatch.setattr(runtime, "target", lambda: runtime.Target("Apple M3 Max", "metal"))
+    monkeypatch.setattr(model_decode, "BACKENDS", ("cuda", "metal"))
     runtime.clear_caches()
     tokens = [11, 23, 5, 42]
     attention_launches = []
@@ -279,6 +283,27 @@ def test_decode_steps_write_the_cache_as_mlx_lm_does_across_its_growth(monkeypat
     # positions 254 and 255 in the one graph; 256 grows the cache (mlx-lm's code); 257 in the one graph
     assert attention_launches == [2, 2, 0, 2]
     assert cache[0].keys.shape[2] == 512
+
+
+@pytest.mark.parametrize(("chip", "backend", "note"), [("NVIDIA H200", "cuda", True),
+                                                       ("Apple M3 Max", "metal", False)])
+def test_the_report_says_where_the_block_runs_its_own_decode_attention(
+        monkeypatch: pytest.MonkeyPatch, chip: str, backend: str, note: bool) -> None:
+    """On CUDA the block's report line says it runs its own decode attention; on Metal, where it does
+    not (``model_decode.BACKENDS``), the line says nothing of it."""
+    from kernelfleet.kernels.patch import runtime
+
+    monkeypatch.setattr(runtime, "target", lambda: runtime.Target(chip, backend))
+    runtime.clear_caches()
+    model = build(LLAMA, 4, 64)
+    try:
+        report = kernelfleet.patch(model, profile=profile_for(LLAMA, 4, 64))
+        layers = by_kind(report)["quantized decoder layer"]
+        assert all(m.patched for m in layers)
+        assert (model_decode.REPORT_NOTE in str(report)) is note, str(report)
+    finally:
+        kernelfleet.unpatch(model)
+        runtime.clear_caches()
 
 
 def runner_ups(body: dict[str, Any], speedup: float) -> dict[str, Any]:

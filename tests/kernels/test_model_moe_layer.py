@@ -64,8 +64,7 @@ def test_the_layer_is_one_block_and_keeps_the_logits(bits: int, group: int, dtyp
     router = "" if (bits, group) == (8, 64) else " (router 8-bit group 64)"
     text = str(report)
     assert f"patched  {KIND} (128 -> 128 + 64 + 64 | 32 experts, top 4, 128 -> {inter} -> 128, {bits}-bit, " \
-           f"group {group}{router}; its own decode attention, {dtype}) x2: profile: quantized_matmul: " \
-           "custom at " in text
+           f"group {group}{router}, {dtype}) x2: profile: quantized_matmul: custom at " in text
     for name in ("M=1 q/k/v (qmv)", "M=64 q/k/v (dq)", "M=1 o (qmv)", "M=1 router (qmv)", "M=64 router (dq)"):
         assert name in text
     assert "gather_quantized_matmul: custom at T=4 gate/up (qmv), T=256 gate/up (dq), T=4 down (qmv), " \
