@@ -20,8 +20,9 @@ the H200 and made the step no faster (``benchmarks/results/h200_model_llama4bit_
 It runs where custom kernels run on a backend of :data:`BACKENDS` (CUDA: where it was measured; on Metal
 MLX's own decode attention is a vector kernel without cuDNN's host cost, and this kernel is unmeasured
 against it on a Mac; the tests run it on the Metal emulator) and the attention is the plain one mlx-lm
-calls at a decode step: no mask, a head dim the kernel takes, the cache in the
-queries' dtype. Anything else (a full cache, another cache class, a mask, a prefill) keeps the block's
+calls at a decode step: no mask, a head dim the kernel takes, the cache in the queries' dtype, one
+sequence and at most :data:`MAX_POSITIONS` positions (the measured range: see :data:`MAX_BATCH`). Anything
+else (a full cache, another cache class, a mask, a prefill, a batch, a longer context) keeps the block's
 path around mlx-lm's cache and attention.
 """
 
@@ -45,6 +46,16 @@ CACHE_LINES = (
     "self.keys[..., prev : self.offset, :] = keys",
     "self.values[..., prev : self.offset, :] = values",
 )
+
+
+BACKENDS: tuple[GpuBackend, ...] = ("cuda",)  # where a block runs its own decode attention
+# Where it was measured: one sequence (batch 1, where the step is host time; at batch 8 the first design
+# read 1.025x [0.902, 1.202] the block without it) up to 640 positions. Its GPU time grows with the
+# positions (one group a query head, 19 us at 600 under ncu on the H200), and from some 1,500 positions a
+# Llama-3-8B 4-bit step's GPU time would pass its host time: past MAX_POSITIONS, MLX's attention again
+MAX_BATCH = 1
+MAX_POSITIONS = 1024
+REPORT_NOTE = "; its own decode attention"  # over mlx-lm's KVCache
 
 
 def kv_cache_class() -> type | None:
@@ -71,11 +82,13 @@ class DecodeGraph:
                                                                                repr=False)
 
     def takes(self, cache: Any, mask: Any) -> bool:
-        """Whether this step runs here: mlx-lm's ``KVCache`` with room for one more position, no mask."""
+        """Whether this step runs here: mlx-lm's ``KVCache`` with room for one more position, at most
+        :data:`MAX_POSITIONS` of them, no mask."""
         if mask is not None or cache.__class__ is not self.cache_class or cache.keys is None:
             return False
-        keys = cache.keys
-        return cache.offset < keys.shape[2] and keys.dtype == self.dtype and cache.values.dtype == self.dtype
+        keys, offset = cache.keys, cache.offset
+        return offset < keys.shape[2] and offset < MAX_POSITIONS and keys.dtype == self.dtype \
+            and cache.values.dtype == self.dtype
 
     def graph(self, scale: float, plain: bool) -> Callable[..., Any]:
         """The attention and the post graph as one function (``plain``: uncompiled, while launches are
@@ -108,10 +121,6 @@ class DecodeGraph:
         return out
 
 
-BACKENDS: tuple[GpuBackend, ...] = ("cuda",)  # where a block runs its own decode attention
-REPORT_NOTE = "; its own decode attention"  # over mlx-lm's KVCache
-
-
 def report_note(heads: tuple[int, int, int], backend: GpuBackend | None) -> str:
     """What a layer block's report line says of its decode step: its own attention where it runs it on
     ``backend`` (the patch's; None: no custom kernels) for these heads, else nothing."""
@@ -124,10 +133,11 @@ def report_note(heads: tuple[int, int, int], backend: GpuBackend | None) -> str:
 def decode_graph(post: Callable[..., Any], shape: tuple[int, ...], dt: mx.Dtype, heads: tuple[int, int, int],
                  backend: GpuBackend | None) -> DecodeGraph | None:
     """The :class:`DecodeGraph` of a layer block's call at ``shape`` (batch, L, hidden), or None where it
-    cannot run: more than one position, no custom kernels here or not on a backend of :data:`BACKENDS`,
+    cannot run: more than one position or :data:`MAX_BATCH` sequences, no custom kernels here or not on a
+    backend of :data:`BACKENDS`,
     attention the kernel does not take, or an mlx-lm whose ``KVCache`` writes otherwise."""
     cache_class = kv_cache_class()
-    if shape[1] != 1 or backend not in BACKENDS or cache_class is None \
+    if shape[1] != 1 or shape[0] > MAX_BATCH or backend not in BACKENDS or cache_class is None \
             or not decode_attention.supports(*heads, dtype_name(dt)):
         return None
     return DecodeGraph(post, shape[0], heads, dt, backend, cache_class)

@@ -285,6 +285,31 @@ def test_decode_steps_write_the_cache_as_mlx_lm_does_across_its_growth(monkeypat
     assert cache[0].keys.shape[2] == 512
 
 
+def test_the_decode_graph_keeps_to_one_sequence_and_the_measured_positions() -> None:
+    """Past MAX_POSITIONS, with a mask, another cache class or dtype, or a full cache, a step keeps the
+    block's path around mlx-lm's cache; a batch of two never gets the decode graph."""
+    from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+    post = lambda *a: a[0]  # noqa: E731  (never called: takes() alone)
+    assert model_decode.decode_graph(post, (2, 1, 128), mx.float16, (4, 2, 32), "cuda") is None
+    assert model_decode.decode_graph(post, (1, 1, 128), mx.float16, (4, 2, 32), "metal") is None
+    graph = model_decode.decode_graph(post, (1, 1, 128), mx.float16, (4, 2, 32), "cuda")
+    assert graph is not None
+    cache = KVCache()
+    cache.update_and_fetch(*(mx.zeros((1, 2, 3, 32), mx.float16) for _ in range(2)))
+    assert graph.takes(cache, None) and not graph.takes(cache, "causal")
+    cache.offset = model_decode.MAX_POSITIONS
+    cache.keys = cache.values = mx.zeros((1, 2, 2 * model_decode.MAX_POSITIONS, 32), mx.float16)
+    assert not graph.takes(cache, None)
+    cache.offset = cache.keys.shape[2] - 1 - model_decode.MAX_POSITIONS
+    assert graph.takes(cache, None)
+    cache.keys = cache.keys.astype(mx.float32)
+    assert not graph.takes(cache, None)
+    full = KVCache()
+    full.update_and_fetch(*(mx.zeros((1, 2, 256, 32), mx.float16) for _ in range(2)))
+    assert not graph.takes(full, None) and not graph.takes(RotatingKVCache(64), None)
+
+
 @pytest.mark.parametrize(("chip", "backend", "note"), [("NVIDIA H200", "cuda", True),
                                                        ("Apple M3 Max", "metal", False)])
 def test_the_report_says_where_the_block_runs_its_own_decode_attention(
