@@ -61,7 +61,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from kernelfleet.kernels.catalog.add_rmsnorm_kernel import EPS, _compiled
-from kernelfleet.kernels.patch import model_patch, runtime
+from kernelfleet.kernels.patch import model_decode, model_patch, runtime
 from kernelfleet.kernels.patch.profile_view import load
 from kernelfleet.kernels.render.launch import compiled_call
 from kernelfleet.kernels.spec import BUILTIN
@@ -198,7 +198,8 @@ def call_us(fns: dict[str, Callable[[], Any]], launches: int, rounds: int) -> di
 def emulate_gpu() -> None:
     """The GPU's custom path on CPU: a custom config resolves to one ``mx.compile``d graph of the
     kernel's built-in (what ``runtime.resolve`` builds of the kernel on a GPU), and the patch routes
-    as where custom kernels run."""
+    as where custom kernels run, but for the layer blocks' own decode attention (``model_decode``: a
+    kernel that reads its length at run time has no built-in to stand in for it), which is left out."""
     real = runtime.resolve
 
     def resolve(name: str, shape: Any, dtype: str, config: dict[str, Any], params: dict[str, Any]) -> Any:
@@ -208,6 +209,7 @@ def emulate_gpu() -> None:
         return compiled_call(lambda inputs: list(builtin(inputs, **params)))
     runtime.resolve = resolve  # type: ignore[assignment]
     runtime.gpu_backend = lambda: "cuda"  # type: ignore[assignment]
+    model_decode.BACKENDS = ()
 
 
 def quantized_lines(args: argparse.Namespace, bench: Any, config: dict[str, Any]) -> Iterator[str]:
