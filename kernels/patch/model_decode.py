@@ -134,8 +134,8 @@ def decode_graph(post: Callable[..., Any], shape: tuple[int, ...], dt: mx.Dtype,
                  backend: GpuBackend | None) -> DecodeGraph | None:
     """The :class:`DecodeGraph` of a layer block's call at ``shape`` (batch, L, hidden), or None where it
     cannot run: more than one position or :data:`MAX_BATCH` sequences, no custom kernels here or not on a
-    backend of :data:`BACKENDS`,
-    attention the kernel does not take, or an mlx-lm whose ``KVCache`` writes otherwise."""
+    backend of :data:`BACKENDS`, attention the kernel does not take, or an mlx-lm whose ``KVCache`` writes
+    otherwise."""
     cache_class = kv_cache_class()
     if shape[1] != 1 or shape[0] > MAX_BATCH or backend not in BACKENDS or cache_class is None \
             or not decode_attention.supports(*heads, dtype_name(dt)):
