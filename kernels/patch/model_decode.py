@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import mlx.core as mx
@@ -58,8 +59,10 @@ MAX_POSITIONS = 1024
 REPORT_NOTE = "; its own decode attention"  # over mlx-lm's KVCache
 
 
+@cache
 def kv_cache_class() -> type | None:
-    """mlx-lm's ``KVCache`` where its ``update_and_fetch`` is the one this graph replaces, else None."""
+    """mlx-lm's ``KVCache`` where its ``update_and_fetch`` is the one this graph replaces, else None (its
+    source read once a process, not at each layer's bind)."""
     try:
         from mlx_lm.models.cache import KVCache
     except ImportError:
@@ -70,7 +73,9 @@ def kv_cache_class() -> type | None:
 @dataclass
 class DecodeGraph:
     """One layer block's decode step at ``batch`` sequences (the module docstring): ``post`` is the block's
-    post graph function, ``heads`` its (query heads, KV heads, head dim)."""
+    post graph function, ``heads`` its (query heads, KV heads, head dim). ``shared(key, build)`` is the
+    patch's graph under ``key``, built once (``Router.graph``), so every layer of the block's shape
+    traces one graph, as its pre and post graphs are; ``key`` is the block's."""
 
     post: Callable[..., Any]
     batch: int
@@ -78,6 +83,8 @@ class DecodeGraph:
     dtype: mx.Dtype
     backend: GpuBackend
     cache_class: Any  # mlx-lm's KVCache (kv_cache_class)
+    shared: Callable[[Any, Callable[[], Any]], Any]
+    key: tuple[Any, ...]
     _graphs: dict[float, tuple[Callable[..., Any], Callable[..., Any]]] = field(default_factory=dict,
                                                                                repr=False)
 
@@ -95,17 +102,21 @@ class DecodeGraph:
         intercepted) for attention's ``scale``."""
         got = self._graphs.get(scale)
         if got is None:
-            heads, kv_heads, hd = self.heads
-            attend = decode_attention.make(self.backend, self.batch, heads, kv_heads, hd,
-                                           dtype_name(self.dtype), scale)
-            post = self.post
-
-            def attend_post(rows: mx.array, q: mx.array, keys: mx.array, values: mx.array, at: mx.array,
-                            *arrays: mx.array) -> mx.array:
-                out: mx.array = post(rows, attend([q, keys, values, at])[0], *arrays)
-                return out
-            got = self._graphs[scale] = (attend_post, mx.compile(attend_post))
+            key = (*self.key, self.dtype, scale)
+            got = self._graphs[scale] = self.shared(key, lambda: self._build(scale))
         return got[0] if plain else got[1]
+
+    def _build(self, scale: float) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        heads, kv_heads, hd = self.heads
+        attend = decode_attention.make(self.backend, self.batch, heads, kv_heads, hd, dtype_name(self.dtype),
+                                       scale)
+        post = self.post
+
+        def attend_post(rows: mx.array, q: mx.array, keys: mx.array, values: mx.array, at: mx.array,
+                        *arrays: mx.array) -> mx.array:
+            out: mx.array = post(rows, attend([q, keys, values, at])[0], *arrays)
+            return out
+        return attend_post, mx.compile(attend_post)
 
     def run(self, pre: Callable[..., Any], x: mx.array, at: mx.array, cache: Any, scale: float,
             arrays: tuple[tuple[mx.array, ...], ...], plain: bool) -> mx.array:
@@ -131,8 +142,10 @@ def report_note(heads: tuple[int, int, int], backend: GpuBackend | None) -> str:
 
 
 def decode_graph(post: Callable[..., Any], shape: tuple[int, ...], dt: mx.Dtype, heads: tuple[int, int, int],
-                 backend: GpuBackend | None) -> DecodeGraph | None:
-    """The :class:`DecodeGraph` of a layer block's call at ``shape`` (batch, L, hidden), or None where it
+                 backend: GpuBackend | None, shared: Callable[[Any, Callable[[], Any]], Any],
+                 key: tuple[Any, ...]) -> DecodeGraph | None:
+    """The :class:`DecodeGraph` of a layer block's call at ``shape`` (batch, L, hidden), its graphs shared
+    under ``key`` through ``shared`` (``Router.graph``), or None where it
     cannot run: more than one position or :data:`MAX_BATCH` sequences, no custom kernels here or not on a
     backend of :data:`BACKENDS`, attention the kernel does not take, or an mlx-lm whose ``KVCache`` writes
     otherwise."""
@@ -140,4 +153,4 @@ def decode_graph(post: Callable[..., Any], shape: tuple[int, ...], dt: mx.Dtype,
     if shape[1] != 1 or shape[0] > MAX_BATCH or backend not in BACKENDS or cache_class is None \
             or not decode_attention.supports(*heads, dtype_name(dt)):
         return None
-    return DecodeGraph(post, shape[0], heads, dt, backend, cache_class)
+    return DecodeGraph(post, shape[0], heads, dt, backend, cache_class, shared, key)

@@ -222,7 +222,7 @@ def quantized_decoder_layer(m: nn.Module) -> Site | None:
                     (o["weight"], o["scales"], o["biases"], self["post_attention_layernorm"]["weight"],
                      gu.weight, gu.scales, gu.biases, d["weight"], d["scales"], d["biases"]))
         backend = runtime.gpu_backend() if router.gpu else None
-        decode = decode_graph(post, shape, dt, half.head_dims, backend)
+        decode = decode_graph(post, shape, dt, half.head_dims, backend, router.graph, ("layer decode", *key))
         return layer_call(own, counters, graphs, half.sdpa, inputs, decode)
 
     def member(s: Shape) -> bool:

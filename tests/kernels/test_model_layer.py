@@ -260,7 +260,7 @@ def test_decode_steps_write_the_cache_as_mlx_lm_does_across_its_growth(monkeypat
     attention_launches = []
     for token in tokens:
         want = model(mx.array([[token]]), cache=stock_cache)
-        kernelfleet.patch(model, profile=_decode_profile(LLAMA, 4, 32))
+        report = kernelfleet.patch(model, profile=_decode_profile(LLAMA, 4, 32))
         try:
             with capture() as launches:
                 model(mx.array([[token]]), cache=cache)
@@ -271,6 +271,10 @@ def test_decode_steps_write_the_cache_as_mlx_lm_does_across_its_growth(monkeypat
             with intercept(emu.launch):
                 got = model(mx.array([[token]]), cache=cache)
                 mx.eval(got, [c.state for c in cache])
+            # both layers' steps on the emulator (each at a position the cache has room for) share one
+            # attention + post graph, as their pre and post graphs are shared
+            shared = {k for m in report.patched if m.router is not None for k in m.router.shared}
+            assert len([k for k in shared if k[0] == "layer decode"]) == 1
         finally:
             kernelfleet.unpatch(model)
         assert close(want, got) <= LOGIT_TOL
@@ -291,9 +295,15 @@ def test_the_decode_graph_keeps_to_one_sequence_and_the_measured_positions() -> 
     from mlx_lm.models.cache import KVCache, RotatingKVCache
 
     post = lambda *a: a[0]  # noqa: E731  (never called: takes() alone)
-    assert model_decode.decode_graph(post, (2, 1, 128), mx.float16, (4, 2, 32), "cuda") is None
-    assert model_decode.decode_graph(post, (1, 1, 128), mx.float16, (4, 2, 32), "metal") is None
-    graph = model_decode.decode_graph(post, (1, 1, 128), mx.float16, (4, 2, 32), "cuda")
+    shared: dict[Any, Any] = {}
+
+    def graph_of(shape: tuple[int, ...], backend: str) -> model_decode.DecodeGraph | None:
+        return model_decode.decode_graph(post, shape, mx.float16, (4, 2, 32), backend,  # type: ignore[arg-type]
+                                         lambda k, build: shared.setdefault(k, build()), ("test",))
+
+    assert graph_of((2, 1, 128), "cuda") is None
+    assert graph_of((1, 1, 128), "metal") is None
+    graph = graph_of((1, 1, 128), "cuda")
     assert graph is not None
     cache = KVCache()
     cache.update_and_fetch(*(mx.zeros((1, 2, 3, 32), mx.float16) for _ in range(2)))
