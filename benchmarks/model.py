@@ -40,9 +40,12 @@ some entries) in the same rounds, each row giving patched against it, paired.
   the interval lies above or below 1, else *within the noise*;
 - logits: the patched prefill's logits against the stock ones at the longest ``--prefill`` (max
   |diff| / max |logit|, and the share of positions whose argmax agrees);
+- decode logits: ``--decode-logits`` teacher-forced one-token steps after a ``--context``-token
+  prompt, stock's greedy tokens fed to both sides, each step's logits compared the same way (the
+  decode step's own paths: a layer block's attention over the KV cache);
 - greedy: ``--greedy`` steps of greedy decoding after a 16-token prompt, stock and patched: the
   tokens must agree at every step before the first where stock's top-2 margin is within the logits'
-  largest difference (``ok``, else ``MISMATCH``);
+  largest difference, prefill's or decode's (``ok``, else ``MISMATCH``);
 - per decode row, the memory bound: the bytes a step must read (the weights, less the embedding
   table's unread rows; of MoE experts the expected share the batch routes to; the KV cache) at the
   copy bandwidth measured at start (``benchmarks/bandwidth.py``), as tokens/s, and each side's share
@@ -374,6 +377,42 @@ def logits_check(model: nn.Module, profile: Any, n: int) -> tuple[str, float]:
             f"{agree:.1%} of {n} positions"), diff
 
 
+def decode_steps(model: nn.Module, prompt: mx.array, steps: int, fed: list[int] | None = None
+                 ) -> tuple[list[int], list[mx.array]]:
+    """``steps`` one-token steps with a KV cache after ``prompt``: each step's token (the previous
+    step's argmax, or ``fed``'s) and the logits it gives."""
+    cache = make_prompt_cache(model)
+    y = model(prompt, cache=cache)[0, -1].astype(mx.float32)
+    tokens, logits = [], []
+    for i in range(steps):
+        tokens.append(int(mx.argmax(y).item()) if fed is None else fed[i])
+        y = model(mx.array([[tokens[-1]]]), cache=cache)[0, -1].astype(mx.float32)
+        mx.eval(y)
+        logits.append(y)
+    return tokens, logits
+
+
+def decode_logits_check(model: nn.Module, profile: Any, context: int, steps: int) -> tuple[str, float]:
+    """Teacher-forced decode steps: after a ``context``-token prompt, stock's greedy tokens fed to both
+    sides (so both attend over the same cache contents), each step's logits compared. The line, and the
+    largest |patched - stock| logit. The prefill logits check leaves the decode step's own paths out
+    (a layer block's attention over the KV cache, ``model_decode``)."""
+    prompt = mx.random.randint(0, TOKEN_IDS, (1, context), key=mx.random.key(13))
+    tokens, stock = decode_steps(model, prompt, steps)
+    patch(model, profile)
+    try:
+        _, patched = decode_steps(model, prompt, steps, tokens)
+    finally:
+        model_patch.unpatch(model)
+    pairs = list(zip(stock, patched, strict=True))
+    diffs = [mx.abs(a - b).max().item() for a, b in pairs]
+    rel = [d / mx.abs(a).max().item() for d, (a, _) in zip(diffs, pairs, strict=True)]
+    agree = sum(int(mx.argmax(a).item()) == int(mx.argmax(b).item()) for a, b in pairs)
+    return (f"decode logits, teacher-forced {steps} steps after {context} tokens: max |diff| / max |logit| "
+            f"per step max {max(rel):.2e}, median {statistics.median(rel):.2e} (max |diff| "
+            f"{max(diffs):.3g}); argmax agrees at {agree} of {steps} steps"), max(diffs)
+
+
 GREEDY_PROMPT = 16
 
 
@@ -467,6 +506,10 @@ def measure_model(model: nn.Module, keys: list, profile: Any, view: Any, args: a
         emit("  --against's profile:\n" + "\n".join("  " + line for line in str(report).splitlines()))
     text, diff = logits_check(model, profile, max(args.prefill))
     emit("  " + text)
+    if args.decode_logits:
+        text, decode_diff = decode_logits_check(model, profile, args.context, args.decode_logits)
+        emit("  " + text)
+        diff = max(diff, decode_diff)
     emit("  " + greedy_check(model, profile, args.greedy, diff))
     for n in args.prefill:
         times = side_by_side(model, sides(profile, args.control, args.against_profile),
@@ -500,6 +543,8 @@ def main(argv: list[str] | None = None) -> int:
                    "the profile's picks, tune's work and the Amdahl estimate")
     p.add_argument("--greedy", type=int, help="greedy decoding steps compared, stock and patched "
                    "(default 64)")
+    p.add_argument("--decode-logits", type=int, help="teacher-forced decode steps whose logits are compared, "
+                   "stock and patched, after --context tokens (default 48; 0: none)")
     p.add_argument("--prefill", type=int, nargs="+", help="prefill lengths (default 512 2048)")
     p.add_argument("--decode", type=int, nargs="+", help="decode batch sizes (default 1 8)")
     p.add_argument("--context", type=int, help="tokens in the cache before decode steps (default 512)")
@@ -535,6 +580,7 @@ def main(argv: list[str] | None = None) -> int:
     args.rounds = args.rounds or (2 if small else 7)
     args.launches = args.launches or (5 if small else 50)
     args.greedy = args.greedy if args.greedy is not None else (8 if small else 64)
+    args.decode_logits = args.decode_logits if args.decode_logits is not None else (4 if small else 48)
     # activations and norm weights of the bf16 and the 4-bit model; --tiny: float32 (MLX's CPU gather_mm,
     # the MoE experts' matmul, takes float32 only)
     args.dtype = "float32" if small else "bfloat16"

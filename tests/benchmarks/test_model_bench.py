@@ -43,6 +43,8 @@ def test_tiny_run_end_to_end() -> None:
     assert "copy bandwidth (read + write): mlx_x_plus_0 " in out
     assert out.count("memory bound: ") == 4 and out.count("stock at ") == 4
     assert out.count("argmax agrees at 100.0%") == 4
+    assert out.count("decode logits, teacher-forced 4 steps after 16 tokens: ") == 4
+    assert out.count("argmax agrees at 4 of 4 steps") == 4
     assert out.count("greedy 8 steps: same tokens") == 4
     # the quantized models' linear layers run quantized_matmul (the Qwen3-MoE router in 8 bits, as
     # mlx_lm.convert quantizes it; the kernel's default at 16 tokens is MLX's op), the MoE experts
