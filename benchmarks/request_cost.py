@@ -6,6 +6,11 @@ requests are sent by ``--concurrency`` clients at once, and the server process's
 system, from /proc) over each route's run is divided by its requests. Routes:
 
 - ``heartbeat``: ``POST /jobs/{id}/heartbeat`` on a held lease (what a fleet of long tunes mostly sends);
+- ``heartbeat-unseen``: the same, each the first request of its worker to a second server process
+  started for it (on the same database): the auth-first middleware (service/auth_first.py) looks the
+  token up, as it did for every heartbeat of a fleet whose heartbeats were further apart than its
+  memory of a token (60 s before issue 33's 20,000-worker work). One heartbeat per enrolled worker,
+  less the first 50 (they fill the new process's connection pool): enroll ``--workers`` 1,000 or more;
 - ``lease-empty``: ``POST /leases`` with nothing queued for the worker and no wait (an idle poll, 204);
 - ``lease``: ``POST /leases`` that gets a job (jobs queued for the run);
 - ``result``: ``POST /jobs/{id}/result`` with a real ~40 KB report (``h100_fleet_tuning.jsonl``).
@@ -29,6 +34,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +52,8 @@ from coordinator_load import (  # noqa: E402  (the benchmark's own helpers: data
     start_servers,
 )
 
-ROUTES = ("heartbeat", "lease-empty", "lease", "result")
+ROUTES = ("heartbeat", "heartbeat-unseen", "lease-empty", "lease", "result")
+WARM = 50  # heartbeat-unseen: requests that fill the second process's connection pool, not measured
 
 
 def server_cpu(pid: int) -> dict[int, float]:
@@ -107,7 +115,26 @@ async def timed(pid: int, label: str, calls: list[Any], concurrency: int) -> dic
             "server_cpu_share": cpu / wall}
 
 
-async def run(args: argparse.Namespace, base: str, admin: str, pid: int) -> list[dict[str, Any]]:
+@contextmanager
+def serving(args: argparse.Namespace, url: str, admin: str, workdir: Path) -> Iterator[tuple[int, str]]:
+    """One ``kernelfleet serve`` process on ``url``: (its pid, its base URL), once it answers."""
+    (proc, port), = start_servers(args, url, admin, workdir)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(f"{base}/healthz", timeout=2).read()
+                break
+            except OSError:
+                time.sleep(0.2)
+        yield proc.pid, base
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+async def run(args: argparse.Namespace, base: str, admin: str, pid: int,
+              second: Callable[[], AbstractContextManager[tuple[int, str]]]) -> list[dict[str, Any]]:
     reports = [json.loads(line) for line in FLEET_REPORTS.read_text().splitlines() if line.strip()][:8]
     rows = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=args.concurrency + 4)) as http:
@@ -140,6 +167,22 @@ async def run(args: argparse.Namespace, base: str, admin: str, pid: int) -> list
             if "heartbeat" in args.routes:
                 rows.append(await timed(pid, "heartbeat", [beat(t, j) for t, j in held] * per,
                                         args.concurrency))
+            if "heartbeat-unseen" in args.routes:
+                if len(held) <= WARM:
+                    raise SystemExit(f"heartbeat-unseen: enroll more than {WARM} workers (--workers)")
+                with second() as (pid2, base2):  # a fresh process each round: no token seen there yet
+                    other = Client(http, base2, admin)
+
+                    def beat2(token: str, job: dict[str, Any], other: Client = other) -> Any:
+                        async def call() -> int:
+                            return (await other.post(f"/jobs/{job['job_id']}/heartbeat",
+                                                     {"lease_token": job["lease_token"]}, token))[0]
+                        return call
+
+                    await timed(pid2, "warm", [beat2(t, j) for t, j in held[:WARM]], args.concurrency)
+                    rows.append(await timed(pid2, "heartbeat-unseen",
+                                            [beat2(t, j) for t, j in held[WARM:WARM + args.requests]],
+                                            args.concurrency))
             if "lease-empty" in args.routes:
                 rows.append(await timed(pid, "lease-empty", [poll(t) for t, _ in held] * per,
                                         args.concurrency))
@@ -197,28 +240,17 @@ def main(argv: list[str] | None = None) -> int:
             env = dict(os.environ, KERNELFLEET_DATABASE_URL=url)
             subprocess.run([sys.executable, "-m", "kernelfleet.worker.cli", "db", "upgrade"], env=env,
                            check=True, capture_output=True)
-            (proc, port), = start_servers(args, url, admin, workdir)
-            try:
-                base = f"http://127.0.0.1:{port}"
-                for _ in range(300):
-                    try:
-                        urllib.request.urlopen(f"{base}/healthz", timeout=2).read()
-                        break
-                    except OSError:
-                        time.sleep(0.2)
-                rows = asyncio.run(run(args, base, admin, proc.pid))
-            finally:
-                proc.terminate()
-                proc.wait(30)
+            with serving(args, url, admin, workdir) as (pid, base):
+                rows = asyncio.run(run(args, base, admin, pid, lambda: serving(args, url, admin, workdir)))
         finally:
             drop_database(args, name)
     load = os.getloadavg()
     print(f"server CPU per request ({'PostgreSQL' if args.postgres else 'SQLite'}, {args.concurrency} in "
           f"flight, load average {load[0]:.1f})")
-    print(f"{'route':12} {'requests':>8} {'CPU ms':>7} {'req/s':>7} {'p50 ms':>7} {'server CPU':>10}  "
+    print(f"{'route':16} {'requests':>8} {'CPU ms':>7} {'req/s':>7} {'p50 ms':>7} {'server CPU':>10}  "
           "statuses")
     for r in rows:
-        print(f"{r['route']:12} {r['requests']:8d} {r['cpu_ms']:7.2f} {r['req_s']:7.0f} {r['p50_ms']:7.1f} "
+        print(f"{r['route']:16} {r['requests']:8d} {r['cpu_ms']:7.2f} {r['req_s']:7.0f} {r['p50_ms']:7.1f} "
               f"{100 * r['server_cpu_share']:9.0f}%  {r['statuses']}")
     return 0
 

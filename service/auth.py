@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from kernelfleet.service.db import db_now, immediate, is_sqlite
 from kernelfleet.service.errors import Forbidden, NotFound, Unauthorized
 from kernelfleet.service.models import ApiToken, TokenScope, Worker
+from kernelfleet.service.targets import TARGET_COUNT
 
 ADMIN_PREFIX = "kfa_"
 ENROLL_PREFIX = "kfe_"
@@ -111,8 +112,10 @@ def _who_query(sqlite: bool, *columns: Any) -> Select[Any]:
     return query if sqlite else query.add_cte(SEEN.returning(Worker.id).cte("kf_seen"))
 
 
-# built once, executed with parameters: (SQLite?, the ORM entity or the columns a lease needs)
-_WHO = {(sqlite, entity): _who_query(sqlite, *((Worker,) if entity else (Worker.backend, Worker.chip)))
+# built once, executed with parameters: (SQLite?, the ORM entity or the columns a lease needs: the
+# worker's backend and chip, and how many job targets there are)
+_LEASE_COLUMNS = (Worker.backend, Worker.chip, TARGET_COUNT.label("kf_targets"))
+_WHO = {(sqlite, entity): _who_query(sqlite, *((Worker,) if entity else _LEASE_COLUMNS))
         for sqlite in (False, True) for entity in (False, True)}
 
 
@@ -186,7 +189,9 @@ class WorkerCall:
 
     def identify(self, conn: Connection, sqlite: bool) -> Any:
         """In :meth:`statements`: the worker's id (``kf_id``), ``backend`` and ``chip``, recorded as
-        seen (as :func:`authenticate_worker`, without loading the ORM row); 401 for a bad token."""
+        seen (as :func:`authenticate_worker`, without loading the ORM row), and the number of job
+        targets (``kf_targets``, :data:`~kernelfleet.service.targets.TARGET_COUNT`); 401 for a bad
+        token."""
         return _who(conn.execute, self.token, self.refresh_after, sqlite, False)
 
 

@@ -125,14 +125,17 @@ _LEASE = lease_statement(bindparam("targets", expanding=True), bindparam("worker
 
 
 def lease_next(db: Session | Connection, worker_id: int, backend: Backend, chip: str,
-               confirm_seconds: float) -> Lease | None:
+               confirm_seconds: float, target_count: int | None = None) -> Lease | None:
     """Lease the next queued job the worker ``worker_id`` (of ``backend`` and ``chip``) can run, or None
     when there is none. The lease itself is one atomic statement, so ``db`` may be a session's
     transaction or a connection in autocommit (:meth:`WorkerCall.statements`).
 
     The lease first runs out after ``confirm_seconds``; the worker's first heartbeat confirms it.
+    ``target_count``: the number of job targets, read in the worker's token check
+    (:meth:`WorkerCall.identify`), so that the targets are not read again while it is unchanged
+    (:func:`~kernelfleet.service.targets.runnable_targets`).
     """
-    targets = runnable_targets(db, backend, chip)
+    targets = runnable_targets(db, backend, chip, target_count)
     if not targets:
         return None
     token = new_token(LEASE_PREFIX)

@@ -45,7 +45,7 @@ def _try_lease(call: WorkerCall, settings: Settings) -> tuple[Backend, str, leas
     with call.statements() as (conn, sqlite):
         me = call.identify(conn, sqlite)
         return me.backend, me.chip, leasing.lease_next(conn, me.kf_id, me.backend, me.chip,
-                                                       settings.lease_confirm_seconds)
+                                                       settings.lease_confirm_seconds, me.kf_targets)
 
 
 def _give_back(call: WorkerCall, got: leasing.Lease) -> None:

@@ -11,8 +11,9 @@ the writes run as statements of their own.
 
 A heartbeat and a lease, what a fleet of long tunes and an idle fleet mostly send, run as Core
 statements that authenticate inside themselves, in autocommit on PostgreSQL: a heartbeat is one
-statement (the lease extended, the worker's last-seen time refreshed in a CTE of it), a lease three
-(the token check, the targets, the lease), where they were 4 and 5 round trips in a transaction."""
+statement (the lease extended, the worker's last-seen time refreshed in a CTE of it), a lease two (the
+token check, which also counts the job targets, and the lease; the targets themselves are read again
+only when their number changed), where they were 4 and 5 round trips in a transaction."""
 
 from __future__ import annotations
 
@@ -29,9 +30,11 @@ from coordinator_helpers import make_report
 from inproc import fast_settings, serve_in_thread
 from sqlalchemy import event, select
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import sessionmaker
 
-from kernelfleet.service import db
+from kernelfleet.service import auth_first, db
 from kernelfleet.service.models import Worker
+from kernelfleet.service.settings import Settings
 
 ADMIN = {"Authorization": "Bearer kfa_test-admin"}
 
@@ -138,8 +141,8 @@ def test_a_result_request_costs_a_handful_of_round_trips(migrated_db_url: str,
                                       ["WITH", "UPDATE", "SELECT"]), counted.statements
 
 
-def test_a_heartbeat_is_one_statement_and_a_lease_three(migrated_db_url: str,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_heartbeat_is_one_statement_and_a_lease_two(migrated_db_url: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     sqlite = db.is_sqlite(migrated_db_url)
     with _counted_worker(migrated_db_url, monkeypatch) as (c, engine, counted, worker_id, auth):
         c.post("/api/v1/leases", json={}, headers=auth)  # the pool's first connection made and pinged
@@ -148,8 +151,9 @@ def test_a_heartbeat_is_one_statement_and_a_lease_three(migrated_db_url: str,
         got = c.post("/api/v1/leases", json={}, headers=auth).json()
         counted.on = False
         assert got["job_id"]
-        assert counted.statements == (["BEGIN", "SELECT", "UPDATE", "SELECT", "UPDATE"] if sqlite else
-                                      ["WITH", "SELECT", "UPDATE"]), counted.statements
+        # the token check (with the number of job targets, as many as the process read before), the lease
+        assert counted.statements == (["BEGIN", "SELECT", "UPDATE", "UPDATE"] if sqlite else
+                                      ["WITH", "UPDATE"]), counted.statements
         # one transaction on SQLite; none on PostgreSQL (each statement commits on its own), no ping
         assert counted.events["commit"] == (1 if sqlite else 0) and not counted.events["ping"], counted.events
         seen = _last_seen(engine, worker_id)
@@ -171,6 +175,57 @@ def test_a_heartbeat_is_one_statement_and_a_lease_three(migrated_db_url: str,
         bad = c.post(f"/api/v1/jobs/{got['job_id']}/heartbeat", json={"lease_token": got["lease_token"]},
                      headers={"Authorization": "Bearer kfw_nobody"})
         assert bad.status_code == 401, bad.text
+
+
+def test_the_body_first_token_check_is_one_statement(migrated_db_url: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token the auth-first middleware does not remember is looked up in one statement over workers
+    and API tokens (no ORM session, no transaction of its own on PostgreSQL), and once found it is
+    remembered longer than a worker waits between heartbeats (a third of the lease at most)."""
+    with _counted_worker(migrated_db_url, monkeypatch) as (c, engine, counted, _worker_id, auth):
+        minted = c.post("/api/v1/tokens", headers=ADMIN, json={"name": "reader", "scope": "read"})
+        assert minted.status_code == 201, minted.text
+        factory = sessionmaker(bind=engine)
+        worker_token = auth["Authorization"].split(" ", 1)[1]
+        for token, known in ((worker_token, True), (minted.json()["token"], True), ("kfw_nobody", False)):
+            counted.start()
+            assert auth_first._known(factory, token) is known
+            counted.on = False
+            assert counted.statements == (["BEGIN", "SELECT"] if db.is_sqlite(migrated_db_url) else
+                                          ["SELECT"]), counted.statements
+            assert not counted.events["commit"] and not counted.events["ping"], counted.events
+
+
+class _Later:
+    """``time`` for the auth-first middleware, ``shift`` seconds ahead."""
+
+    def __init__(self) -> None:
+        self.shift = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.shift
+
+
+def test_a_heartbeat_a_third_of_a_long_lease_later_costs_no_token_lookup(
+        migrated_db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fleet on 300 s leases beats every 60-100 s (a third of the lease, less the jitter): the
+    auth-first middleware still remembers the token then, so the heartbeat stays one statement."""
+    later = _Later()
+    monkeypatch.setattr(auth_first, "time", later)
+    sqlite = db.is_sqlite(migrated_db_url)
+    with _counted_worker(migrated_db_url, monkeypatch) as (c, _engine, counted, _worker_id, auth):
+        got = _lease(c, auth)
+        for shift in (100.0, 1000.0):  # the longest heartbeat interval of 300 s leases, and more
+            later.shift = shift
+            counted.start()
+            beat = c.post(f"/api/v1/jobs/{got['job_id']}/heartbeat",
+                          json={"lease_token": got["lease_token"]}, headers=auth)
+            counted.on = False
+            assert beat.status_code == 200, beat.text
+            # the lease extended (on SQLite, then the worker's last-seen time): no SELECT of the token
+            assert counted.statements == (["BEGIN", "UPDATE", "UPDATE"] if sqlite else ["WITH"]), \
+                counted.statements
+            assert Settings(lease_seconds=300).lease_seconds / 3 <= shift < auth_first.KNOWN_SECONDS
 
 
 @pytest.mark.postgres

@@ -105,6 +105,29 @@ def test_jobs_go_only_to_matching_backend_and_chip(coordinator: Coordinator) -> 
     assert take_all(m3) == ["1x64"]
 
 
+def test_a_target_added_after_the_targets_were_read_is_leased_from(coordinator: Coordinator) -> None:
+    """A process reads the job targets again only when their number changed (targets.runnable_targets):
+    a campaign for a new target, created after this worker's leases matched it against the old ones,
+    is leased from at once, and so is a campaign of a target the process has read before."""
+    create_campaign(coordinator, name="anyone", shapes=["1x64"])
+    _, m3 = enroll(coordinator, "m3", chip="Apple M3 Max", backend="metal")
+    with coordinator.client(m3) as c:
+        got = lease(c)
+        assert got is not None and got["shape"] == "1x64"
+        assert lease(c) is None  # the targets read and matched: nothing left for this worker
+        create_campaign(coordinator, name="m3 only", target_backend="metal", target_chip="Apple M3*",
+                        shapes=["2x64"])
+        got = lease(c)
+        assert got is not None and got["shape"] == "2x64"
+        assert lease(c) is None
+        create_campaign(coordinator, name="m3 again", target_backend="metal", target_chip="Apple M3*",
+                        shapes=["3x64"])
+        got = lease(c)
+        assert got is not None and got["shape"] == "3x64"
+        create_campaign(coordinator, name="cuda only", target_backend="cuda", shapes=["4x64"])
+        assert lease(c) is None  # a new target, not this worker's
+
+
 def test_heartbeat_extends_only_the_current_lease(coordinator: Coordinator) -> None:
     create_campaign(coordinator)
     _, token = enroll(coordinator)
