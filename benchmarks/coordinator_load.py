@@ -582,6 +582,13 @@ async def run(args: argparse.Namespace) -> list[str]:
     for name in ("lease", "heartbeat"):
         if s.latency.get(name):
             out.append(waves(name, s.latency[name], s.at[name], t0, wall))
+    if s.latency.get("heartbeat") and wall - args.ramp >= 2 * WAVE_BUCKET_S:
+        # while workers start, each new lease's confirming heartbeat comes on top of the running ones':
+        # after the ramp only the running ones beat, and waves of theirs would show here
+        late = [(v, at) for v, at in zip(s.latency["heartbeat"], s.at["heartbeat"], strict=True)
+                if at >= t0 + args.ramp]
+        out.append(waves(f"heartbeat after the {args.ramp:g} s ramp", [v for v, _ in late],
+                         [at for _, at in late], t0 + args.ramp, wall - args.ramp))
     out.append(f"jobs/s: {acked / wall:.2f} ({acked} results acknowledged in the window)")
     out.append(f"errors: {sum(s.errors.values())} {dict(s.errors) if s.errors else ''}".rstrip())
     out.append(f"lost leases (409 on a heartbeat or result of a live worker): {s.lost}")
