@@ -1,15 +1,18 @@
 """Attention of one new position per sequence over an mlx-lm ``KVCache``'s buffers, in one launch: what
 ``mx.fast.scaled_dot_product_attention(q, keys[..., :L, :], values[..., :L, :], scale=scale)`` computes
-at a decode step (no mask), where ``keys`` and ``values`` are the cache's whole buffers and ``L`` the
-positions they hold (RoPE's offset, an input, plus one).
+at a decode step (no mask) once ``update_and_fetch`` has written the step's keys and values, where
+``keys`` and ``values`` are the cache's whole buffers and ``L`` the positions they hold with this step's
+(RoPE's offset, an input, plus one). The step's own position is read from its keys and values (``kn``,
+``vn``), the earlier ones from the buffers: so the launch does not wait on the cache's write, which the
+layer block makes after it (:mod:`kernelfleet.kernels.patch.model_decode`).
 
 Why a kernel of its own: a decode step at batch 1 is host time on a GPU. On MLX 0.32's CUDA backend a
 decode step's attention over the cache's slices goes through cuDNN, whose per-call graph update costs
 some 28 us of host time a layer (py-spy of a Llama-3-8B 4-bit decode loop on an NVIDIA H200,
 ``benchmarks/results/h200_decode_host_profile.txt``), against some 6-8 us for a custom kernel. Reading the
-buffers' length at run time (``k_shape``), not as a template value, lets the layer block
-(:mod:`kernelfleet.kernels.patch.model_decode`) attend and run the rest of the layer in one compiled graph
-whose shapes change only when the cache grows (every 256 positions), never per step.
+buffers' length at run time (``k_shape``), not as a template value, and the step's position from its own
+keys and values, lets the layer block run the whole layer as one compiled graph whose shapes change only
+when the cache grows (every 256 positions), never per step.
 
 One group of ``TG`` threads per (sequence, query head); grouped-query heads read their KV head
 (``HQ / HKV`` query heads each). Each warp / SIMD group takes ``U`` positions at a time, every
@@ -55,15 +58,18 @@ BODY = r"""
   for (int e = 0; e < E; ++e) {
     acc[e] = 0.0f;
   }
+  const KF_SIZE fresh = kvh * (D / E) + KF_SIZE(lane);  // this lane's dims of the step's own key and value
   for (int p0 = warp * U; p0 < len; p0 += WARPS * U) {
     kf_vec<T, E> kr[U];
     kf_vec<T, E> vr[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int p = p0 + u < len ? p0 + u : len - 1;  // past the end: a real row, its weight 0 below
-      const KF_SIZE row = (kvh * cap + KF_SIZE(p)) * (D / E) + KF_SIZE(lane);
-      kr[u] = kf_vload<E>(k, row);
-      vr[u] = kf_vload<E>(v, row);
+      // past the end: the last position again, its weight 0 below; the last (this step's) from kn and vn
+      const int p = p0 + u < len ? p0 + u : len - 1;
+      const bool now = p == len - 1;
+      const KF_SIZE row = now ? fresh : (kvh * cap + KF_SIZE(p)) * (D / E) + KF_SIZE(lane);
+      kr[u] = kf_vload<E>(now ? kn : k, row);
+      vr[u] = kf_vload<E>(now ? vn : v, row);
     }
     float s[U];
 #pragma unroll
@@ -127,7 +133,7 @@ BODY = r"""
   }
 """
 
-INPUTS = ("q", "k", "v", "off")
+INPUTS = ("q", "kn", "vn", "k", "v", "off")
 TG = 512  # 16 warps: at 1,024 positions each takes 64, 8 blocks of U
 U = 8  # positions a warp loads before it reduces (loads in flight)
 HEAD_DIMS = (32, 64, 128, 256)  # a lane holds D / 32 dims (a power of two: one vector load)
@@ -146,9 +152,10 @@ def supports(heads: int, kv_heads: int, head_dim: int, dtype: str) -> bool:
 def make(backend: GpuBackend, batch: int, heads: int, kv_heads: int, head_dim: int, dtype: str,
          scale: float) -> KernelFn:
     """The launch for ``batch`` sequences of ``heads`` query heads over ``kv_heads`` KV heads: inputs q
-    ``(batch, heads, 1, head_dim)``, the cache's keys and values ``(batch, kv_heads, capacity, head_dim)``
-    and RoPE's offset (int32, one element: the new position, the last the buffers hold); output
-    ``(batch, heads, 1, head_dim)``."""
+    ``(batch, heads, 1, head_dim)``, the step's keys and values ``(batch, kv_heads, 1, head_dim)``, the
+    cache's buffers of keys and values ``(batch, kv_heads, capacity, head_dim)`` (positions up to the
+    offset read; the offset's own, this step's, need not be written yet) and RoPE's offset (int32, one
+    element: the new position, below the capacity); output ``(batch, heads, 1, head_dim)``."""
     if not supports(heads, kv_heads, head_dim, dtype):
         raise BadShape(f"decode_attention: {heads} query heads over {kv_heads} KV heads of dim {head_dim} "
                        f"in {dtype}: the head dim must be one of {HEAD_DIMS}, in whole query-head groups")

@@ -235,9 +235,12 @@ def test_decode_steps_write_the_cache_as_mlx_lm_does_across_its_growth(monkeypat
     """Decode steps on the Metal emulator from position 254: the one-graph step (``model_decode``) writes
     the new keys and values into the cache's buffers at 254 and 255, the full cache's step at 256 takes
     mlx-lm's ``update_and_fetch`` (the buffers grow to 512) and the one-graph step runs again at 257. Each
-    step's logits stay stock's, and the cache holds what stock's holds, position for position. (Each step
-    first runs with its launches recorded, which shows the path it takes, then again on the emulator at
-    the same position.)"""
+    step's logits stay stock's, and the cache holds what stock's holds, position for position; a
+    ``copy.deepcopy`` of the cache taken before the steps (its arrays share the buffers, as mlx-lm's prompt
+    cache's copies do) keeps its contents. (Each step first runs with its launches recorded, which shows
+    the path it takes, then again on the emulator at the same position.)"""
+    import copy
+
     from kernelfleet.kernels.patch import runtime
     from kernelfleet.kernels.render.launch import capture, intercept
     from kernelfleet.kernels.testing.metal_emu import Emulator
@@ -253,6 +256,11 @@ def test_decode_steps_write_the_cache_as_mlx_lm_does_across_its_growth(monkeypat
         model(prompt, cache=cache)
         mx.eval([c.state for c in cache])
     stock_cache, cache = caches
+    snapshot = copy.deepcopy(cache)
+    before = [(c.keys[..., :256, :], c.values[..., :256, :]) for c in cache]
+    mx.eval(before)
+    before = [tuple(mx.array(t) * 1 for t in kv) for kv in before]  # copies of the data, not views
+    mx.eval(before)
     monkeypatch.setattr(runtime, "target", lambda: runtime.Target("Apple M3 Max", "metal"))
     monkeypatch.setattr(model_decode, "BACKENDS", ("cuda", "metal"))
     runtime.clear_caches()
@@ -272,7 +280,7 @@ def test_decode_steps_write_the_cache_as_mlx_lm_does_across_its_growth(monkeypat
                 got = model(mx.array([[token]]), cache=cache)
                 mx.eval(got, [c.state for c in cache])
             # both layers' steps on the emulator (each at a position the cache has room for) share one
-            # attention + post graph, as their pre and post graphs are shared
+            # decode graph, as their pre and post graphs are shared
             shared = {k for m in report.patched if m.router is not None for k in m.router.shared}
             assert len([k for k in shared if k[0] == "layer decode"]) == 1
         finally:
@@ -287,6 +295,9 @@ def test_decode_steps_write_the_cache_as_mlx_lm_does_across_its_growth(monkeypat
     # positions 254 and 255 in the one graph; 256 grows the cache (mlx-lm's code); 257 in the one graph
     assert attention_launches == [2, 2, 0, 2]
     assert cache[0].keys.shape[2] == 512
+    for copied, (keys, values) in zip(snapshot, before, strict=True):
+        assert copied.offset == 254 and copied.keys.shape[2] == 256
+        assert mx.array_equal(copied.keys, keys).item() and mx.array_equal(copied.values, values).item()
 
 
 def test_the_decode_graph_keeps_to_one_sequence_and_the_measured_positions() -> None:
@@ -294,11 +305,12 @@ def test_the_decode_graph_keeps_to_one_sequence_and_the_measured_positions() -> 
     block's path around mlx-lm's cache; a batch of two never gets the decode graph."""
     from mlx_lm.models.cache import KVCache, RotatingKVCache
 
-    post = lambda *a: a[0]  # noqa: E731  (never called: takes() alone)
+    post = lambda *a: a[0]  # noqa: E731  (the pre and post graphs: never called, takes() alone)
     shared: dict[Any, Any] = {}
 
     def graph_of(shape: tuple[int, ...], backend: str) -> model_decode.DecodeGraph | None:
-        return model_decode.decode_graph(post, shape, mx.float16, (4, 2, 32), backend,  # type: ignore[arg-type]
+        return model_decode.decode_graph(post, post, shape, mx.float16, (4, 2, 32),
+                                         backend,  # type: ignore[arg-type]
                                          lambda k, build: shared.setdefault(k, build()), ("test",))
 
     assert graph_of((2, 1, 128), "cuda") is None
