@@ -3,16 +3,16 @@
 at a decode step (no mask) once ``update_and_fetch`` has written the step's keys and values, where
 ``keys`` and ``values`` are the cache's whole buffers and ``L`` the positions they hold with this step's
 (RoPE's offset, an input, plus one). The step's own position is read from its keys and values (``kn``,
-``vn``), the earlier ones from the buffers: so the launch does not wait on the cache's write, which the
-layer block makes after it (:mod:`kernelfleet.kernels.patch.model_decode`).
+``vn``), the earlier ones from the buffers, so the result does not rest on the cache's write of this step,
+which the layer block (:mod:`kernelfleet.kernels.patch.model_decode`) makes just before, as mlx-lm does.
 
 Why a kernel of its own: a decode step at batch 1 is host time on a GPU. On MLX 0.32's CUDA backend a
 decode step's attention over the cache's slices goes through cuDNN, whose per-call graph update costs
 some 28 us of host time a layer (py-spy of a Llama-3-8B 4-bit decode loop on an NVIDIA H200,
 ``benchmarks/results/h200_decode_host_profile.txt``), against some 6-8 us for a custom kernel. Reading the
-buffers' length at run time (``k_shape``), not as a template value, and the step's position from its own
-keys and values, lets the layer block run the whole layer as one compiled graph whose shapes change only
-when the cache grows (every 256 positions), never per step.
+buffers' length at run time (``k_shape``), not as a template value, lets the layer block attend and run
+the rest of the layer in one compiled graph whose shapes change only when the cache grows (every 256
+positions), never per step.
 
 One group of ``TG`` threads per (sequence, query head); grouped-query heads read their KV head
 (``HQ / HKV`` query heads each). Each warp / SIMD group takes ``U`` positions at a time, every

@@ -1,5 +1,4 @@
-"""A layer block's decode step as one compiled graph, attended by a kernel of its own over the KV cache,
-which the block then writes as mlx-lm does.
+"""A layer block's decode step with the KV cache written by the block and attended by a kernel of its own.
 
 At one position per sequence a layer block (:mod:`.model_layer`, :mod:`.model_moe_layer`) ran its pre
 graph, mlx-lm's ``cache.update_and_fetch``, mlx-lm's attention and its post graph. On MLX 0.32's CUDA
@@ -7,21 +6,22 @@ backend the attention over the cache's slices goes through cuDNN, whose per-call
 largest single host cost of the step (some 28 us a layer: 19 % of a Llama-3-8B 4-bit decode loop's samples
 on an NVIDIA H200, ``benchmarks/results/h200_decode_host_profile.txt``), and ``update_and_fetch`` is a
 third of the model call's Python. Where the cache is mlx-lm's ``KVCache`` (its ``update_and_fetch`` source
-checked) with room for the new position, :class:`DecodeGraph` runs the pre graph, the attention over the
-buffers' first ``offset`` positions and the step's own keys and values
-(:mod:`kernelfleet.kernels.catalog.decode_attention`, one launch reading the buffers whole: no slices) and
-the post graph as one ``mx.compile``d graph, whose shapes change only when the cache grows (every 256
-positions, a step that mlx-lm's own ``update_and_fetch`` takes), so one trace serves every step between.
-Then it writes the new keys and values where ``update_and_fetch`` writes them, as it writes them
-(``cache.keys[..., prev:prev + 1, :] = keys``: MLX's SliceUpdate, in place where MLX can donate the
-buffer, a copy where something else holds it). No launch of this step reads what those writes store, so
-they need not come first; the next step's graph takes the written buffers.
+checked) with room for the new position, :class:`DecodeGraph` writes the new keys and values where
+``update_and_fetch`` writes them, as it writes them (``cache.keys[..., prev:prev + 1, :] = keys``: MLX's
+SliceUpdate, in place), and then runs the attention over the buffers' first ``offset`` positions and the
+step's own keys and values (:mod:`kernelfleet.kernels.catalog.decode_attention`, one launch reading the
+buffers whole: no slices) and the post graph as one ``mx.compile``d graph, whose shapes change only when
+the cache grows (every 256 positions, a step that mlx-lm's own ``update_and_fetch`` takes), so one trace
+serves every step between.
 
-The writes stay outside the compiled graph: inside it they would be ``mx.slice_update`` at the offset as
-an array, whose copy (MLX's DynamicSliceUpdate, ``copy_gg_dynamic_nd``) took 35.6 us of GPU time a call on
-the H200 and made the step no faster (``benchmarks/results/h200_model_llama4bit_decode_graph_ab.txt``).
-Nor does the kernel write the buffers itself: MLX would not know, and an array sharing the buffer (a
-``copy.deepcopy`` of the cache, as mlx-lm's prompt cache makes) would change with it.
+The writes stay outside the compiled graphs: inside one they would be ``mx.slice_update`` at the offset
+as an array, whose copy (MLX's DynamicSliceUpdate, ``copy_gg_dynamic_nd``) took 35.6 us of GPU time a call
+on the H200 and made the step no faster (``benchmarks/results/h200_model_llama4bit_decode_graph_ab.txt``).
+Nor is the layer one graph with the writes after it (the attention reads the step's own position from
+its keys and values, so it need not wait for them): measured by turns on the H200 that was slower,
+0.962x [0.950, 0.993] at 4 bits, 0.980x at 8 (``benchmarks/results/h200_model_decode_one_graph_ab.txt``).
+Nor does the kernel write the buffers itself: MLX would not know, and an array sharing the buffers (a
+``copy.deepcopy`` of the cache, as mlx-lm's prompt cache makes) would change with them.
 
 It runs where custom kernels run on a backend of :data:`BACKENDS` (CUDA: where it was measured; on Metal
 MLX's own decode attention is a vector kernel without cuDNN's host cost, and this kernel is unmeasured
@@ -78,13 +78,11 @@ def kv_cache_class() -> type | None:
 
 @dataclass
 class DecodeGraph:
-    """One layer block's decode step at ``batch`` sequences (the module docstring): ``pre`` and ``post``
-    are the block's pre and post graph functions (uncompiled), ``heads`` its (query heads, KV heads, head
-    dim). ``shared(key, build)`` is the patch's graph under ``key``, built once (``Router.graph``), so
-    every layer of the block's shape traces one graph, as its pre and post graphs are; ``key`` is the
-    block's."""
+    """One layer block's decode step at ``batch`` sequences (the module docstring): ``post`` is the block's
+    post graph function, ``heads`` its (query heads, KV heads, head dim). ``shared(key, build)`` is the
+    patch's graph under ``key``, built once (``Router.graph``), so every layer of the block's shape
+    traces one graph, as its pre and post graphs are; ``key`` is the block's."""
 
-    pre: Callable[..., Any]
     post: Callable[..., Any]
     batch: int
     heads: tuple[int, int, int]
@@ -93,8 +91,8 @@ class DecodeGraph:
     cache_class: Any  # mlx-lm's KVCache (kv_cache_class)
     shared: Callable[[Any, Callable[[], Any]], Any]
     key: tuple[Any, ...]
-    _graphs: dict[tuple[float, int], tuple[Callable[..., Any], Callable[..., Any]]] = field(
-        default_factory=dict, repr=False)
+    _graphs: dict[float, tuple[Callable[..., Any], Callable[..., Any]]] = field(default_factory=dict,
+                                                                               repr=False)
 
     def takes(self, cache: Any, mask: Any) -> bool:
         """Whether this step runs here: mlx-lm's ``KVCache`` with room for one more position, at most
@@ -105,42 +103,40 @@ class DecodeGraph:
         return offset < keys.shape[2] and offset < MAX_POSITIONS and keys.dtype == self.dtype \
             and cache.values.dtype == self.dtype
 
-    def graph(self, scale: float, n_pre: int, plain: bool) -> Callable[..., Any]:
-        """The pre graph, the attention and the post graph as one function (``plain``: uncompiled, while
-        launches are intercepted) for attention's ``scale``, the pre graph taking ``n_pre`` arrays after x
-        and the offset."""
-        got = self._graphs.get((scale, n_pre))
+    def graph(self, scale: float, plain: bool) -> Callable[..., Any]:
+        """The attention and the post graph as one function (``plain``: uncompiled, while launches are
+        intercepted) for attention's ``scale``."""
+        got = self._graphs.get(scale)
         if got is None:
-            key = (*self.key, self.dtype, scale, n_pre)
-            got = self._graphs[scale, n_pre] = self.shared(key, lambda: self._build(scale, n_pre))
+            key = (*self.key, self.dtype, scale)
+            got = self._graphs[scale] = self.shared(key, lambda: self._build(scale))
         return got[0] if plain else got[1]
 
-    def _build(self, scale: float, n_pre: int) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    def _build(self, scale: float) -> tuple[Callable[..., Any], Callable[..., Any]]:
         heads, kv_heads, hd = self.heads
         attend = decode_attention.make(self.backend, self.batch, heads, kv_heads, hd, dtype_name(self.dtype),
                                        scale)
-        pre, post = self.pre, self.post
+        post = self.post
 
-        def step(x: mx.array, at: mx.array, keys: mx.array, values: mx.array, *arrays: mx.array
-                 ) -> tuple[mx.array, mx.array, mx.array]:
-            q, k_new, v_new, rows = pre(x, at, *arrays[:n_pre])
-            out = post(rows, attend([q, k_new, v_new, keys, values, at])[0], *arrays[n_pre:])
-            return out, k_new, v_new
-        return step, mx.compile(step)
+        def attend_post(rows: mx.array, q: mx.array, k_new: mx.array, v_new: mx.array, keys: mx.array,
+                        values: mx.array, at: mx.array, *arrays: mx.array) -> mx.array:
+            out: mx.array = post(rows, attend([q, k_new, v_new, keys, values, at])[0], *arrays)
+            return out
+        return attend_post, mx.compile(attend_post)
 
-    def run(self, x: mx.array, at: mx.array, cache: Any, scale: float,
+    def run(self, pre: Callable[..., Any], x: mx.array, at: mx.array, cache: Any, scale: float,
             arrays: tuple[tuple[mx.array, ...], ...], plain: bool) -> mx.array:
-        """The step on ``x`` at the cache's offset (``at``: it as an array): the layer in one call, then
-        the new keys and values written where ``update_and_fetch`` writes them (MLX's SliceUpdate)."""
-        pre_arrays, post_arrays = arrays
-        out, keys, values = self.graph(scale, len(pre_arrays), plain)(x, at, cache.keys, cache.values,
-                                                                      *pre_arrays, *post_arrays)
+        """The step on ``x`` at the cache's offset (``at``: it as an array) after the block's ``pre``
+        graph: the new keys and values written where ``update_and_fetch`` writes them (in place: MLX's
+        SliceUpdate on the cache's buffers), then attention and the post graph in one call."""
+        q, keys, values, rows = pre(x, at, *arrays[0])
         prev = cache.offset
         cache.offset = prev + 1
         cache.keys[..., prev:prev + 1, :] = keys
         cache.values[..., prev:prev + 1, :] = values
-        result: mx.array = out
-        return result
+        out: mx.array = self.graph(scale, plain)(rows, q, keys, values, cache.keys, cache.values, at,
+                                                  *arrays[1])
+        return out
 
 
 def report_note(heads: tuple[int, int, int], backend: GpuBackend | None) -> str:
@@ -152,12 +148,11 @@ def report_note(heads: tuple[int, int, int], backend: GpuBackend | None) -> str:
     return REPORT_NOTE
 
 
-def decode_graph(pre: Callable[..., Any], post: Callable[..., Any], shape: tuple[int, ...], dt: mx.Dtype,
-                 heads: tuple[int, int, int], backend: GpuBackend | None,
-                 shared: Callable[[Any, Callable[[], Any]], Any], key: tuple[Any, ...]) -> DecodeGraph | None:
-    """The :class:`DecodeGraph` of a layer block's call at ``shape`` (batch, L, hidden) with its pre and
-    post graph functions, its graphs shared under ``key`` through ``shared`` (``Router.graph``), or None
-    where it
+def decode_graph(post: Callable[..., Any], shape: tuple[int, ...], dt: mx.Dtype, heads: tuple[int, int, int],
+                 backend: GpuBackend | None, shared: Callable[[Any, Callable[[], Any]], Any],
+                 key: tuple[Any, ...]) -> DecodeGraph | None:
+    """The :class:`DecodeGraph` of a layer block's call at ``shape`` (batch, L, hidden), its graphs shared
+    under ``key`` through ``shared`` (``Router.graph``), or None where it
     cannot run: more than one position or :data:`MAX_BATCH` sequences, no custom kernels here or not on a
     backend of :data:`BACKENDS`, attention the kernel does not take, or an mlx-lm whose ``KVCache`` writes
     otherwise."""
@@ -165,4 +160,4 @@ def decode_graph(pre: Callable[..., Any], post: Callable[..., Any], shape: tuple
     if shape[1] != 1 or shape[0] > MAX_BATCH or backend not in BACKENDS or cache_class is None \
             or not decode_attention.supports(*heads, dtype_name(dt)):
         return None
-    return DecodeGraph(pre, post, shape[0], heads, dt, backend, cache_class, shared, key)
+    return DecodeGraph(post, shape[0], heads, dt, backend, cache_class, shared, key)

@@ -10,8 +10,8 @@ layer in two ``mx.compile``d graphs per input shape, around the KV cache and att
   into heads and RoPE on q and k (its offset passed as an array, so one graph serves every position);
   at one position per sequence q/k/v's call itself rotates q and k (:func:`fused_rope`);
 - mlx-lm's own ``cache.update_and_fetch`` and ``scaled_dot_product_attention``, as its layer calls them;
-  at a decode step over mlx-lm's ``KVCache`` the whole layer as one compiled graph with the block's own
-  attention kernel instead, the cache written after it as mlx-lm writes it (:mod:`.model_decode`);
+  at a decode step over mlx-lm's ``KVCache`` the cache's writes and the block's own attention kernel
+  instead, the attention compiled with the post graph (:mod:`.model_decode`);
 - ``post``: ``o_proj``, the residual add, the post-attention RMSNorm, gate/up joined, the activation,
   ``down_proj`` and the second residual add.
 
@@ -223,8 +223,7 @@ def quantized_decoder_layer(m: nn.Module) -> Site | None:
                     (o["weight"], o["scales"], o["biases"], self["post_attention_layernorm"]["weight"],
                      gu.weight, gu.scales, gu.biases, d["weight"], d["scales"], d["biases"]))
         backend = runtime.gpu_backend() if router.gpu else None
-        decode = decode_graph(pre, post, shape, dt, half.head_dims, backend, router.graph,
-                              ("layer decode", *key))
+        decode = decode_graph(post, shape, dt, half.head_dims, backend, router.graph, ("layer decode", *key))
         return layer_call(own, counters, graphs, half.sdpa, inputs, decode)
 
     def member(s: Shape) -> bool:
@@ -405,7 +404,7 @@ def layer_call(own: Call, counters: Sequence[list[int]], graphs: tuple[tuple[Any
     longer holds what the block was made for (new weights: ``load_weights``), which then runs its own code,
     as does a cache whose offset is not one number (an offset per sequence). With ``decode``
     (:func:`~kernelfleet.kernels.patch.model_decode.decode_graph`), a step whose cache it takes runs as
-    one graph, attended over the cache by the block's own kernel, and the cache is written after it."""
+    one graph, the cache written and attended inside it."""
     (pre_plain, pre_compiled), (post_plain, post_compiled) = graphs
 
     def call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
@@ -417,9 +416,10 @@ def layer_call(own: Call, counters: Sequence[list[int]], graphs: tuple[tuple[Any
             counter[0] += 1
         plain = interceptor() is not None
         at = offset_array(offset)
+        pre = pre_plain if plain else pre_compiled
         if decode is not None and decode.takes(cache, mask):
-            return decode.run(x, at, cache, self["self_attn"].scale, arrays, plain)
-        queries, keys, values, x_rows = (pre_plain if plain else pre_compiled)(x, at, *arrays[0])
+            return decode.run(pre, x, at, cache, self["self_attn"].scale, arrays, plain)
+        queries, keys, values, x_rows = pre(x, at, *arrays[0])
         if cache is not None:
             keys, values = cache.update_and_fetch(keys, values)
         out = sdpa(queries, keys, values, cache=cache, scale=self["self_attn"].scale, mask=mask)

@@ -281,7 +281,7 @@ def quantized_moe_decoder_layer(m: nn.Module) -> Site | None:
                      gate["weight"], gate["scales"], gate["biases"], down["weight"], down["scales"],
                      down["biases"]))
         backend = runtime.gpu_backend() if router.gpu else None
-        decode = decode_graph(pre, post, shape, dt, half.head_dims, backend, router.graph,
+        decode = decode_graph(post, shape, dt, half.head_dims, backend, router.graph,
                               ("moe layer decode", *key))
         return layer_call(own, counters, graphs, half.sdpa, inputs, decode)
 

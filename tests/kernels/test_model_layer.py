@@ -280,7 +280,7 @@ def test_decode_steps_write_the_cache_as_mlx_lm_does_across_its_growth(monkeypat
                 got = model(mx.array([[token]]), cache=cache)
                 mx.eval(got, [c.state for c in cache])
             # both layers' steps on the emulator (each at a position the cache has room for) share one
-            # decode graph, as their pre and post graphs are shared
+            # attention + post graph, as their pre and post graphs are shared
             shared = {k for m in report.patched if m.router is not None for k in m.router.shared}
             assert len([k for k in shared if k[0] == "layer decode"]) == 1
         finally:
@@ -305,12 +305,11 @@ def test_the_decode_graph_keeps_to_one_sequence_and_the_measured_positions() -> 
     block's path around mlx-lm's cache; a batch of two never gets the decode graph."""
     from mlx_lm.models.cache import KVCache, RotatingKVCache
 
-    post = lambda *a: a[0]  # noqa: E731  (the pre and post graphs: never called, takes() alone)
+    post = lambda *a: a[0]  # noqa: E731  (never called: takes() alone)
     shared: dict[Any, Any] = {}
 
     def graph_of(shape: tuple[int, ...], backend: str) -> model_decode.DecodeGraph | None:
-        return model_decode.decode_graph(post, post, shape, mx.float16, (4, 2, 32),
-                                         backend,  # type: ignore[arg-type]
+        return model_decode.decode_graph(post, shape, mx.float16, (4, 2, 32), backend,  # type: ignore[arg-type]
                                          lambda k, build: shared.setdefault(k, build()), ("test",))
 
     assert graph_of((2, 1, 128), "cuda") is None
