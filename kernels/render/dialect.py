@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
+from functools import cache
 from pathlib import Path
 from typing import Literal
 
@@ -134,11 +135,14 @@ def render(body: str, backend: Backend, values: Mapping[str, str] | None = None)
     return substitute(fill_values(body, values or {}), tokens)
 
 
+@cache
 def prelude(backend: Backend) -> str:
+    """The backend's helper definitions, as kernels' headers begin (CUDA's compacted:
+    :func:`~kernelfleet.kernels.render.cuda.compact`)."""
     from . import cuda as render_cuda
     from . import metal as render_metal
 
-    return render_metal.PRELUDE if backend == "metal" else render_cuda.PRELUDE
+    return render_metal.PRELUDE if backend == "metal" else render_cuda.compact(render_cuda.PRELUDE)
 
 
 _HERE = Path(__file__).resolve().parent

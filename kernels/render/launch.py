@@ -20,6 +20,7 @@ from typing import Any
 import mlx.core as mx
 
 from ..spec import GpuBackend, KernelBuildError, KernelFn
+from . import cuda as render_cuda
 from . import dialect
 
 TemplateArg = tuple[str, Any]
@@ -49,7 +50,10 @@ class Rendered:
 def render(src: KernelSource, backend: GpuBackend) -> Rendered:
     values = dict(src.values)
     body = dialect.render(src.body, backend, values)
-    header = dialect.prelude(backend) + dialect.render(src.header, backend, values)
+    header = dialect.render(src.header, backend, values)
+    if backend == "cuda":  # the text MLX hashes on every launch, shorter (the prelude is already)
+        body, header = render_cuda.compact(body), render_cuda.compact(header)
+    header = dialect.prelude(backend) + header
     digest = hashlib.sha256((header + "\n" + body).encode()).hexdigest()[:12]
     return Rendered(f"kf_{src.name}_{digest}", backend, body, header, src.inputs, src.outputs)
 

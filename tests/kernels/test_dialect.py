@@ -61,3 +61,20 @@ def test_source_version_depends_on_sources(tmp_path: Path) -> None:
     v1 = dialect.source_version(str(a))
     a.write_text("BODY = 2")
     assert dialect.source_version(str(a)) != v1
+
+
+def test_cuda_sources_are_compacted() -> None:
+    """MLX's CUDA backend hashes a kernel's whole source on every launch, so the CUDA rendering drops
+    comments, indentation and blank lines (the text nvcc and NVRTC compile, ``test_cuda_render``), line
+    for line: ``#pragma`` lines keep theirs. The Metal rendering stays as written."""
+    text = "  int a = 1;  // one\n\n#pragma unroll\n  /* two\n  lines */ for (;;) {\n    a += 1;\n  }\n"
+    assert render_cuda.compact(text) == "int a = 1;\n#pragma unroll\nfor (;;) {\na += 1;\n}\n"
+    from kernelfleet.kernels.catalog import decode_attention
+    from kernelfleet.kernels.render.launch import render as render_source
+
+    cuda = render_source(decode_attention.source(0.125), "cuda")
+    for text in (cuda.header, cuda.source):
+        assert "//" not in text and "/*" not in text and "\n\n" not in text
+        assert all(line == line.strip() for line in text.splitlines())
+    assert cuda.header.startswith(dialect.prelude("cuda")) and "#pragma unroll\n" in cuda.source
+    assert "// " in render_source(decode_attention.source(0.125), "metal").source
