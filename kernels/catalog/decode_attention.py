@@ -153,9 +153,10 @@ def make(backend: GpuBackend, batch: int, heads: int, kv_heads: int, head_dim: i
          scale: float) -> KernelFn:
     """The launch for ``batch`` sequences of ``heads`` query heads over ``kv_heads`` KV heads: inputs q
     ``(batch, heads, 1, head_dim)``, the step's keys and values ``(batch, kv_heads, 1, head_dim)``, the
-    cache's buffers of keys and values ``(batch, kv_heads, capacity, head_dim)`` (positions up to the
-    offset read; the offset's own, this step's, need not be written yet) and RoPE's offset (int32, one
-    element: the new position, below the capacity); output ``(batch, heads, 1, head_dim)``."""
+    cache's buffers of keys and values ``(batch, kv_heads, capacity, head_dim)`` (the positions below
+    the offset read from them; the offset's own, this step's, from the step's keys and values) and RoPE's
+    offset (int32, one element: the new position, below the capacity); output
+    ``(batch, heads, 1, head_dim)``."""
     if not supports(heads, kv_heads, head_dim, dtype):
         raise BadShape(f"decode_attention: {heads} query heads over {kv_heads} KV heads of dim {head_dim} "
                        f"in {dtype}: the head dim must be one of {HEAD_DIMS}, in whole query-head groups")
