@@ -22,7 +22,6 @@ from kernelfleet.service.auth_first import AuthFirstMiddleware
 from kernelfleet.service.background import run_background
 from kernelfleet.service.db import make_sessionmaker
 from kernelfleet.service.error_handlers import JsonErrorMiddleware, install_error_handlers
-from kernelfleet.service.fast_heartbeat import FastHeartbeatMiddleware
 from kernelfleet.service.limits import BodyLimitMiddleware
 from kernelfleet.service.longpoll import LeaseWaiters
 from kernelfleet.service.metrics import MetricsMiddleware
@@ -105,7 +104,6 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.state.lease_waiters = waiters
     app.state.result_limiter = result_limiter
     # outermost last: security headers and metrics see every response, the JSON 500 included
-    app.add_middleware(FastHeartbeatMiddleware, fastapi_app=lambda: app, settings=settings)  # innermost
     app.add_middleware(AuthFirstMiddleware, fastapi_app=lambda: app, factory=session_factory,
                        settings=settings)  # 401 before a body is read
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)

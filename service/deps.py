@@ -67,13 +67,8 @@ def _token(credentials: HTTPAuthorizationCredentials | None) -> str | None:
     return credentials.credentials if credentials is not None else None
 
 
-async def worker_call(request: Request, credentials: BearerDep) -> WorkerCall:
-    """A worker's request (the session factory and settings read from the app, not as dependencies of
-    their own: FastAPI solves each dependency anew on every request, and the worker routes are what a
-    fleet sends most)."""
-    settings: Settings = request.app.state.settings
-    return WorkerCall(request.app.state.session_factory, _token(credentials),
-                      seen_every(settings.worker_offline_after_seconds))
+async def worker_call(credentials: BearerDep, db: DbDep, settings: SettingsDep) -> WorkerCall:
+    return WorkerCall(db, _token(credentials), seen_every(settings.worker_offline_after_seconds))
 
 
 async def require_admin(credentials: BearerDep, db: DbDep, settings: SettingsDep) -> None:
