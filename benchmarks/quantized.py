@@ -28,6 +28,11 @@ bytes they read, that rate and its share of the copy bandwidth, and MLX's op bes
     python benchmarks/quantized.py --kernel gather_quantized_matmul --shapes 8x2048x768x128x4x64 --ncu
     python benchmarks/quantized.py --ncu --paths qmv_split --where 'rpw=4|8,vw=4' --shapes 1x4096x14336x4x64
 
+Beside them under ncu (quantized_matmul) runs the read floor (:func:`read_floor`, ``floor/x`` in the
+table): a kernel that only reads the shape's packed words, scales and biases, timed the same way, so a row
+reads against what one launch of exactly those bytes gets from this GPU's DRAM, ramp and drain included
+(on the H200 a 33 MB read reaches 77 % of the large-copy figure, a 296 MB one 105 %).
+
 Under ncu each contender launches three times and its first launch is dropped (on the H200 a shape's first
 config read hundreds of times its later time); ``--where AXIS=V|V,...`` keeps the configs with those axis
 values (a config without an optional axis has it at 0).
@@ -278,6 +283,46 @@ def bench_shape(spec: KernelSpec, shape: Shape, dtype: str, backend: str, args: 
     return rows
 
 
+# The read floor: a kernel that only reads the weights' bytes (packed words, scales, biases) in 16-byte
+# loads, four a thread (a grid striding over them), and stores nothing (a word only if the
+# bytes' XOR hit a constant, which the compiler cannot rule out): what this GPU's DRAM gives a launch of
+# exactly these bytes, timed as the contenders are. % of copy compares with a large copy; the floor is the
+# same bytes in one launch, ramp and drain included.
+FLOOR_LABEL = "read floor (the weights' bytes)"
+FLOOR_SOURCE = """
+  const uint4* parts[3] = {reinterpret_cast<const uint4*>(wq), reinterpret_cast<const uint4*>(scales),
+                           reinterpret_cast<const uint4*>(biases)};
+  const size_t counts[3] = {NW, NS, NS};
+  const size_t step = size_t(gridDim.x) * blockDim.x;
+  uint32_t acc = 0u;
+  for (int p = 0; p < 3; ++p) {
+    for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < counts[p]; i += step) {
+      const uint4 v = parts[p][i];
+      acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+  }
+  if (acc == 0x9E3779B9u) {
+    out[0] = acc;
+  }
+"""
+FLOOR_THREADS = 256
+FLOOR_LOADS = 4  # 16-byte loads a thread
+
+
+def read_floor(inputs: Sequence[mx.array]) -> mx.array:
+    """The read floor's launch over one input set's packed words, scales and biases (16-byte multiples)."""
+    wq, sc, bi = inputs[1:4]
+    if wq.nbytes % 16 or sc.nbytes % 16 or bi.nbytes != sc.nbytes:
+        raise ValueError("read floor: the weights' parts are not whole 16-byte words")
+    words = (wq.nbytes + 2 * sc.nbytes) // 16
+    blocks = max(1, math.ceil(words / (FLOOR_THREADS * FLOOR_LOADS)))
+    kernel: Any = mx.fast.cuda_kernel(name="kf_read_floor", input_names=["wq", "scales", "biases"],
+                                      output_names=["out"], source=FLOOR_SOURCE)
+    return kernel(inputs=[wq, sc, bi], template=[("NW", wq.nbytes // 16), ("NS", sc.nbytes // 16)],
+                  grid=(blocks * FLOOR_THREADS, 1, 1), threadgroup=(FLOOR_THREADS, 1, 1),
+                  output_shapes=[(1,)], output_dtypes=[mx.uint32])[0]
+
+
 NCU_LINE = "NCU "  # the child's label of the contender its next kernels belong to
 # launches a contender under ncu; the first is dropped: on the H200 each shape's first config, launched once,
 # read 1,256-9,681 us, hundreds of times its later time, with a tenth of the DRAM bytes
@@ -311,6 +356,9 @@ def ncu_child(spec: KernelSpec, shapes: Sequence[Shape], dtype: str, backend: st
                 run(config_key(c), shape, fn, inputs)
         for _ in range(NCU_LAUNCHES):
             run("builtin", shape, spec.builtin, inputs)
+        if spec.name == "quantized_matmul":
+            for _ in range(NCU_LAUNCHES):
+                run("floor", shape, read_floor, inputs)
 
 
 def ncu_tables(spec: KernelSpec, shapes: Sequence[Shape], dtype: str, backend: str, args: argparse.Namespace,
@@ -339,31 +387,46 @@ def ncu_tables(spec: KernelSpec, shapes: Sequence[Shape], dtype: str, backend: s
     for (shape_s, label), kernels in zip(labels, found, strict=True):
         by_shape.setdefault(shape_s, {}).setdefault(label, []).append(kernels)
     head = (f"{'shape':24} {'contender':40} {'GPU µs':>8} {'DRAM MB':>8} {'GB/s':>6} {'%copy':>6} "
-            f"{'mlx/x':>6}  grid / kernels")
+            f"{'mlx/x':>6} {'floor/x':>7}  grid / kernels")
     out = [f"{spec.name} on {detect_chip().name} ({backend}), MLX {mx.__version__}, {dtype}: GPU time under "
            f"Nsight Compute (caches flushed, the GPU's own clocks); copy limit {limit_gbs:.0f} GB/s", head,
            "-" * len(head)]
     for shape_s, runs in by_shape.items():
         runs.pop("inputs", None)
-        rows = []
-        for label, launches in runs.items():
-            kernels = ncu_tool.median_launch(launches)
-            us, mb = sum(k.us for k in kernels), sum(k.mb for k in kernels)
-            mine = [k for k in kernels if ncu_tool.ours(k.name)]
-            if label == "builtin":
-                label, where = "mlx " + spec.name + " (built-in)", ", ".join(k.name[:40] for k in kernels)
-            else:
-                where = f"grid {mine[0].grid}" if mine else ", ".join(k.name[:30] for k in kernels)
-            rows.append((us, mb, label, where))
-        mlx_us = next((r[0] for r in rows if r[2].startswith("mlx ")), None)
-        finalists = sorted(r for r in rows if not r[2].startswith("mlx "))[:args.finalists]
-        for us, mb, label, where in sorted(finalists + [r for r in rows if r[2].startswith("mlx ")]):
-            gbs = mb / us * 1e3 if us else 0.0
-            vs = f"{mlx_us / us:.2f}x" if mlx_us and us else "-"
-            pct = 100 * gbs / limit_gbs
-            out.append(f"{shape_s:24} {label[:40]:40} {us:8.2f} {mb:8.2f} {gbs:6.0f} {pct:5.0f}% {vs:>6}  "
-                       f"{where}")
+        out += ncu_rows(spec.name, shape_s, runs, args.finalists, limit_gbs)
     return "\n".join(out)
+
+
+def ncu_rows(kernel: str, shape_s: str, runs: dict[str, list[list[ncu_tool.Kernel]]], finalists: int,
+             limit_gbs: float) -> list[str]:
+    """One shape's lines of the ncu table: each contender's median launch (its kernels' GPU time and DRAM
+    bytes summed), the best ``finalists`` configs with MLX's op and the read floor beside them, fastest
+    first, each with MLX's op time over its own (``mlx/x``) and the floor's over its own (``floor/x``)."""
+    rows = []
+    for label, launches in runs.items():
+        kernels = ncu_tool.median_launch(launches)
+        us, mb = sum(k.us for k in kernels), sum(k.mb for k in kernels)
+        mine = [k for k in kernels if ncu_tool.ours(k.name)]
+        if label == "builtin":
+            label, where = "mlx " + kernel + " (built-in)", ", ".join(k.name[:40] for k in kernels)
+        elif label == "floor":
+            label, where = FLOOR_LABEL, f"grid {kernels[0].grid}" if kernels else ""
+        else:
+            where = f"grid {mine[0].grid}" if mine else ", ".join(k.name[:30] for k in kernels)
+        rows.append((us, mb, label, where))
+    peer = [r for r in rows if r[2].startswith("mlx ") or r[2] == FLOOR_LABEL]
+    mlx_us = next((r[0] for r in peer if r[2].startswith("mlx ")), None)
+    floor_us = next((r[0] for r in peer if r[2] == FLOOR_LABEL), None)
+    best = sorted(r for r in rows if r not in peer)[:finalists]
+    out = []
+    for us, mb, label, where in sorted(best + peer):
+        gbs = mb / us * 1e3 if us else 0.0
+        vs = f"{mlx_us / us:.2f}x" if mlx_us and us else "-"
+        fl = f"{floor_us / us:.2f}x" if floor_us and us else "-"
+        pct = 100 * gbs / limit_gbs
+        out.append(f"{shape_s:24} {label[:40]:40} {us:8.2f} {mb:8.2f} {gbs:6.0f} {pct:5.0f}% {vs:>6} "
+                   f"{fl:>7}  {where}")
+    return out
 
 
 def fmt(rows: Sequence[dict[str, Any]]) -> str:
