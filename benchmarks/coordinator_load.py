@@ -16,8 +16,10 @@ aiohttp with one bounded connection pool (``--connections``): on the 2-core host
 AsyncClient cost 3.5-8 ms of client CPU per request, aiohttp about 1 ms.
 
 Printed: per-endpoint p50/p99/max and counts, jobs/s, errors, lost leases (a heartbeat or result
-answered 409: a live worker's lease expired), the load generator's CPU and event-loop lag, and the
-CPU of the coordinator processes, of PostgreSQL and of the host. Then an audit of the database:
+answered 409: a live worker's lease expired), the coordinator's own p99 of lease, heartbeat and
+result (its request-duration histogram from ``/metrics``, scraped at the window's start, middle and
+end: a bucket's bound), the load generator's CPU and event-loop lag, and the CPU of the coordinator
+processes, of PostgreSQL and of the host. Then an audit of the database:
 no job leased twice at once (the client's lease intervals per job never overlap, and each stored
 result is the holder's), none done twice, every acknowledged result stored.
 
@@ -40,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import re
@@ -53,6 +56,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -395,6 +399,61 @@ class Fleet:
                 self.stats.lags.append(time.monotonic() - t0 - 0.1)
 
 
+# the coordinator's own timing of a request (service/metrics.py: from its outermost middleware to the end of
+# the response, every process summed by /metrics): a p99 far below the load generator's says the time is
+# spent before the request reaches the app (the client's loop, its connection pool, the server's accept
+# queue and event loop), one as high says inside it
+SERVER_LATENCY = "kernelfleet_http_request_duration_seconds"
+SERVER_ROUTES = {"lease": "/api/v1/leases", "heartbeat": "/api/v1/jobs/{job_id}/heartbeat",
+                 "result": "/api/v1/jobs/{job_id}/result"}
+Buckets = dict[str, dict[float, float]]  # route template -> bucket bound -> cumulative count
+
+
+async def server_buckets(http: aiohttp.ClientSession, base: str, admin: str) -> Buckets:
+    """The coordinator's request-duration histogram now, per route template (methods summed)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with http.get(f"{base}/metrics", headers={"authorization": f"Bearer {admin}"}) as r:
+        text = await r.text()
+    out: Buckets = defaultdict(dict)
+    for family in text_string_to_metric_families(text):
+        if family.name == SERVER_LATENCY:
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    le, route = float(sample.labels["le"]), sample.labels["route"]
+                    out[route][le] = out[route].get(le, 0.0) + sample.value
+    return out
+
+
+def bucket_quantile(before: Buckets, after: Buckets, route: str, q: float) -> tuple[float, int]:
+    """The smallest bucket bound holding ``q`` of the route's requests between two scrapes (an upper
+    bound on that quantile; inf past the last bucket), and their number."""
+    now, then = after.get(route, {}), before.get(route, {})
+    counts = sorted((le, n - then.get(le, 0.0)) for le, n in now.items())
+    total = counts[-1][1] if counts else 0.0
+    for le, n in counts:
+        if total and n >= q * total:
+            return le, int(total)
+    return math.inf, int(total)
+
+
+def server_line(scrapes: Sequence[Buckets]) -> str:
+    """p99 by the coordinator's own timing: the window, then its two halves (scrapes at start, middle,
+    end)."""
+    def bound(le: float) -> str:
+        return "past the last bucket" if math.isinf(le) else f"<= {le * 1e3:g} ms"
+
+    parts = []
+    for name, route in SERVER_ROUTES.items():
+        whole, n = bucket_quantile(scrapes[0], scrapes[-1], route, 0.99)
+        if n:
+            halves = [bucket_quantile(a, b, route, 0.99)[0]
+                      for a, b in zip(scrapes, scrapes[1:], strict=False)]
+            parts.append(f"{name} p99 {bound(whole)} ({n} requests; halves "
+                         f"{' / '.join(map(bound, halves))})")
+    return "coordinator's own timing (its request-duration histogram's buckets): " + "; ".join(parts)
+
+
 async def create_jobs(http: aiohttp.ClientSession, base: str, admin: str, jobs: int) -> int:
     made = 0
     for c in range(10_000):
@@ -527,7 +586,11 @@ async def run(args: argparse.Namespace) -> list[str]:
             cpu0, pg0, host0 = cpu_seconds(pids), cpu_seconds(postgres_pids()), host_busy()
             me0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
             acked0 = 0
-            await asyncio.sleep(args.duration)
+            scrapes = [await server_buckets(http, bases[0], admin)]
+            await asyncio.sleep(max(0.0, t0 + args.duration / 2 - time.monotonic()))
+            scrapes.append(await server_buckets(http, bases[0], admin))
+            await asyncio.sleep(max(0.0, t0 + args.duration - time.monotonic()))
+            scrapes.append(await server_buckets(http, bases[0], admin))
             wall = time.monotonic() - t0
             me1 = resource.getrusage(resource.RUSAGE_SELF)
             cpu1, pg1, host1 = cpu_seconds(pids), cpu_seconds(postgres_pids()), host_busy()
@@ -589,6 +652,7 @@ async def run(args: argparse.Namespace) -> list[str]:
                 if at >= t0 + args.ramp]
         out.append(waves(f"heartbeat after the {args.ramp:g} s ramp", [v for v, _ in late],
                          [at for _, at in late], t0 + args.ramp, wall - args.ramp))
+    out.append(server_line(scrapes))
     out.append(f"jobs/s: {acked / wall:.2f} ({acked} results acknowledged in the window)")
     out.append(f"errors: {sum(s.errors.values())} {dict(s.errors) if s.errors else ''}".rstrip())
     out.append(f"lost leases (409 on a heartbeat or result of a live worker): {s.lost}")
