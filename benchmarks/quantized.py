@@ -284,10 +284,10 @@ def bench_shape(spec: KernelSpec, shape: Shape, dtype: str, backend: str, args: 
 
 
 # The read floor: a kernel that only reads the weights' bytes (packed words, scales, biases) in 16-byte
-# loads, four a thread (a grid striding over them), and stores nothing (a word only if the
-# bytes' XOR hit a constant, which the compiler cannot rule out): what this GPU's DRAM gives a launch of
-# exactly these bytes, timed as the contenders are. % of copy compares with a large copy; the floor is the
-# same bytes in one launch, ramp and drain included.
+# loads, a grid of about four loads a thread striding over them, and stores nothing (a word only if the
+# bytes' XOR hits a constant, which the compiler cannot rule out): what this GPU's DRAM gives one launch
+# of exactly these bytes, timed as the contenders are. % of copy compares with a large copy; the floor is
+# the same bytes in one launch, ramp and drain included.
 FLOOR_LABEL = "read floor (the weights' bytes)"
 FLOOR_SOURCE = """
   const uint4* parts[3] = {reinterpret_cast<const uint4*>(wq), reinterpret_cast<const uint4*>(scales),
@@ -309,10 +309,17 @@ FLOOR_THREADS = 256
 FLOOR_LOADS = 4  # 16-byte loads a thread
 
 
-def read_floor(inputs: Sequence[mx.array]) -> mx.array:
-    """The read floor's launch over one input set's packed words, scales and biases (16-byte multiples)."""
+def floor_fits(inputs: Sequence[mx.array]) -> bool:
+    """Whether the read floor can read these inputs' packed words, scales and biases: each whole 16-byte
+    words (a small shape's scales may not be)."""
     wq, sc, bi = inputs[1:4]
-    if wq.nbytes % 16 or sc.nbytes % 16 or bi.nbytes != sc.nbytes:
+    return not (wq.nbytes % 16 or sc.nbytes % 16 or bi.nbytes != sc.nbytes)
+
+
+def read_floor(inputs: Sequence[mx.array]) -> mx.array:
+    """The read floor's launch over one input set's packed words, scales and biases (:func:`floor_fits`)."""
+    wq, sc, bi = inputs[1:4]
+    if not floor_fits(inputs):
         raise ValueError("read floor: the weights' parts are not whole 16-byte words")
     words = (wq.nbytes + 2 * sc.nbytes) // 16
     blocks = max(1, math.ceil(words / (FLOOR_THREADS * FLOOR_LOADS)))
@@ -356,7 +363,7 @@ def ncu_child(spec: KernelSpec, shapes: Sequence[Shape], dtype: str, backend: st
                 run(config_key(c), shape, fn, inputs)
         for _ in range(NCU_LAUNCHES):
             run("builtin", shape, spec.builtin, inputs)
-        if spec.name == "quantized_matmul":
+        if spec.name == "quantized_matmul" and floor_fits(inputs):
             for _ in range(NCU_LAUNCHES):
                 run("floor", shape, read_floor, inputs)
 

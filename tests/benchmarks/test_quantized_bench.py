@@ -97,3 +97,14 @@ def test_read_floor_source_compiles_with_nvcc(tmp_path: Path) -> None:
     done = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", "-c", "-o", str(tmp_path / "floor.o"),
                            str(src)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_read_floor_takes_only_whole_16_byte_words() -> None:
+    """A small shape's scales (8 bytes a row here) are no whole 16-byte words: the floor is left out
+    there (the ncu run goes on without it), and a direct call says why."""
+    spec = get_spec("quantized_matmul")
+    assert quantized.floor_fits(spec.make_inputs((1, 4096, 64, 4, 64), "bfloat16", 0))
+    small = spec.make_inputs((1, 256, 3, 4, 64), "bfloat16", 0)
+    assert not quantized.floor_fits(small)
+    with pytest.raises(ValueError, match="16-byte"):
+        quantized.read_floor(small)
