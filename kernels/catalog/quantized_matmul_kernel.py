@@ -11,8 +11,11 @@ Three paths, a config axis (``path``), so the profile picks per exact shape, M i
   features for all M rows. A lane takes ``vw`` packed words (16 bytes at ``vw`` 4) per step, the lanes of a
   warp consecutive words of a row, so each step is one coalesced sweep of ``rpw`` weight rows; the
   ``x`` values of a step are loaded and converted once and reused for the ``rpw`` rows, and each weight is
-  unpacked once for the M rows. A code becomes a float without an integer conversion: its bits are put in
-  the mantissa of 2^23 (``KF_AS_FLOAT(code | 0x4B000000) - 2^23``). Per row and group
+  unpacked once for the M rows. A code becomes a float without an integer conversion, left in its place in
+  the word and scaled by that place (the dialect's ``kf_code``, with x's factor ``kf_code_scale`` and the
+  sums' ``kf_code_unit``): on Metal its bits in the mantissa of 2^23, less 2^23; on CUDA two codes of one
+  and-or as a pair of float16 subnormals, one conversion each (an and-or a pair instead of an and-or and a
+  subtraction a code: 1.06-1.18x on an H200, ``h200_qmv_kf_code.txt``). Per row and group
   ``sum_k x*w = scale * sum_k x*code + bias * sum_k x``, accumulated in float; one warp sum per output.
 - ``qmv_split`` (M <= 8, long rows): qmv with a block's ``tg / 32`` warps on the same ``rpw`` features, each
   taking every ``tg / 32``-th step of the row (the block reads one contiguous span of a row at a time); the
@@ -105,13 +108,13 @@ ${XLOAD}
                 const float v = ${XVAL};
                 const int b = (c * XL + e) % HALF;
                 xs[m] += v;
-                xf[m][c * XL + e] = v * KF_AS_FLOAT(uint32_t(127 - BITS * b) << 23);
+                xf[m][c * XL + e] = v * kf_code_scale<BITS>(b);
               }
             }
           }
 #pragma unroll
           for (int r = 0; r < RPW; ++r) {
-            const float sc = float(scales[${ROW} * (K / GS) + g]);
+            const float sc = float(scales[${ROW} * (K / GS) + g]) * kf_code_unit<BITS>();
             const float bi = float(biases[${ROW} * (K / GS) + g]);
             float dot[MR];
 #pragma unroll
@@ -123,9 +126,7 @@ ${XLOAD}
               const uint32_t word = q[u][r].v[k];
 #pragma unroll
               for (int j = 0; j < PER; ++j) {
-                const uint32_t half_word = j < HALF ? word : (word >> 16);
-                const uint32_t mask = ((1u << BITS) - 1u) << (BITS * (j % HALF));
-                const float wv = KF_AS_FLOAT(kf_and_or(half_word, mask, 0x4B000000u)) - 8388608.0f;
+                const float wv = kf_code<BITS>(word, j);
 #pragma unroll
                 for (int m = 0; m < MR; ++m) {
                   dot[m] += xf[m][k * PER + j] * wv;

@@ -124,6 +124,34 @@ __device__ __forceinline__ unsigned int kf_and_or(unsigned int a, unsigned int m
   return d;
 }
 
+
+// Code j of a word of MLX's affine format (BITS 4 or 8) as a float: codes j and j + 16 / BITS (the same
+// place b in the word's two halves) are one and-or's pair of float16 subnormals, code * 2^-24 exactly
+// (at 4 bits the odd places 4 bits up: code * 2^-20), then one conversion each; kf_code_scale(b) is the
+// factor x takes so that every place counts alike, kf_code_unit() the sums' (2^24). One and-or a pair
+// and a shift a word, where the float magic takes an and-or and a subtraction a code.
+template <int BITS>
+__device__ __forceinline__ float kf_code(unsigned int word, int j) {
+  constexpr int HALF = 16 / BITS;
+  const int b = j % HALF;
+  const int shift = BITS == 4 ? 8 * (b / 2) : 8 * b;
+  const unsigned int mask = BITS == 4 ? (0x000F000Fu << (4 * (b % 2))) : 0x00FF00FFu;
+  const unsigned int bits = (word >> shift) & mask;
+  __half2 h;
+  memcpy(&h, &bits, 4);
+  return j < HALF ? __low2float(h) : __high2float(h);
+}
+
+template <int BITS>
+__device__ __forceinline__ float kf_code_scale(int b) {
+  return (BITS == 4 && (b % 2)) ? 0.0625f : 1.0f;
+}
+
+template <int BITS>
+__device__ __forceinline__ float kf_code_unit() {
+  return 16777216.0f;
+}
+
 __device__ __forceinline__ float kf_warp_sum(float v) {
 #pragma unroll
   for (int m = 16; m > 0; m >>= 1) {

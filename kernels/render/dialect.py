@@ -80,6 +80,11 @@ HELPERS = (
     "kf_row_max",    # kf_row_max(...): max over a row's warps
     "kf_and_or",     # kf_and_or(a, mask, c): (a & mask) | c on 32-bit unsigned ints; CUDA: one LOP3
                      # with c in a register (two constants would take two instructions)
+    "kf_code",       # kf_code<BITS>(word, j): code j of a packed affine word as a float, scaled by place:
+                     # x * kf_code_scale<BITS>(j % (16 / BITS)) * kf_code(word, j) * kf_code_unit<BITS>()
+                     # is x * code (Metal: the float magic; CUDA: two float16 subnormals an and-or)
+    "kf_code_scale",
+    "kf_code_unit",
 )
 
 _TOKEN_RE = re.compile(r"\bKF_\w+")

@@ -76,6 +76,27 @@ inline uint kf_and_or(uint a, uint mask, uint c) {
   return (a & mask) | c;
 }
 
+// Code j of a word of MLX's affine format (BITS 4 or 8) as a float: its bits in place in the mantissa of
+// 2^23 (no shift), less 2^23, so the code at place b = j % (16 / BITS) of its half-word comes out times
+// 2^(BITS * b); kf_code_scale(b) is the factor x takes for it, kf_code_unit() the sums' (none here).
+template <int BITS>
+inline float kf_code(uint word, int j) {
+  const int places = 16 / BITS;  // codes a half-word ('half' is a type in Metal)
+  const uint half_word = j < places ? word : (word >> 16);
+  const uint mask = ((1u << BITS) - 1u) << (BITS * (j % places));
+  return as_type<float>(kf_and_or(half_word, mask, 0x4B000000u)) - 8388608.0f;
+}
+
+template <int BITS>
+inline float kf_code_scale(int b) {
+  return as_type<float>(uint(127 - BITS * b) << 23);
+}
+
+template <int BITS>
+inline float kf_code_unit() {
+  return 1.0f;
+}
+
 inline float kf_warp_sum(float v) {
   return simd_sum(v);
 }
