@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import os
@@ -447,8 +448,7 @@ def server_line(scrapes: Sequence[Buckets]) -> str:
     for name, route in SERVER_ROUTES.items():
         whole, n = bucket_quantile(scrapes[0], scrapes[-1], route, 0.99)
         if n:
-            halves = [bucket_quantile(a, b, route, 0.99)[0]
-                      for a, b in zip(scrapes, scrapes[1:], strict=False)]
+            halves = [bucket_quantile(a, b, route, 0.99)[0] for a, b in itertools.pairwise(scrapes)]
             parts.append(f"{name} p99 {bound(whole)} ({n} requests; halves "
                          f"{' / '.join(map(bound, halves))})")
     return "coordinator's own timing (its request-duration histogram's buckets): " + "; ".join(parts)

@@ -152,9 +152,9 @@ def decode_graph(post: Callable[..., Any], shape: tuple[int, ...], dt: mx.Dtype,
                  backend: GpuBackend | None, shared: Callable[[Any, Callable[[], Any]], Any],
                  key: tuple[Any, ...]) -> DecodeGraph | None:
     """The :class:`DecodeGraph` of a layer block's call at ``shape`` (batch, L, hidden), its graphs shared
-    under ``key`` through ``shared`` (``Router.graph``), or None where it
-    cannot run: more than one position or :data:`MAX_BATCH` sequences, no custom kernels here or not on a
-    backend of :data:`BACKENDS`, attention the kernel does not take, or an mlx-lm whose ``KVCache`` writes
+    under ``key`` through ``shared`` (``Router.graph``), or None where it cannot run: more than one
+    position or :data:`MAX_BATCH` sequences, no custom kernels here or not on a backend of
+    :data:`BACKENDS`, attention the kernel does not take, or an mlx-lm whose ``KVCache`` writes
     otherwise."""
     cache_class = kv_cache_class()
     if shape[1] != 1 or shape[0] > MAX_BATCH or backend not in BACKENDS or cache_class is None \

@@ -403,8 +403,9 @@ def layer_call(own: Call, counters: Sequence[list[int]], graphs: tuple[tuple[Any
     of each graph after its own (x and the offset; x and attention's output), or None where the layer no
     longer holds what the block was made for (new weights: ``load_weights``), which then runs its own code,
     as does a cache whose offset is not one number (an offset per sequence). With ``decode``
-    (:func:`~kernelfleet.kernels.patch.model_decode.decode_graph`), a step whose cache it takes runs as
-    one graph, the cache written and attended inside it."""
+    (:func:`~kernelfleet.kernels.patch.model_decode.decode_graph`), a step whose cache it takes writes the
+    cache as mlx-lm does after the pre graph, then attends over it with the block's own kernel, compiled
+    with the post graph."""
     (pre_plain, pre_compiled), (post_plain, post_compiled) = graphs
 
     def call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:

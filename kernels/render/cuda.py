@@ -124,7 +124,6 @@ __device__ __forceinline__ unsigned int kf_and_or(unsigned int a, unsigned int m
   return d;
 }
 
-
 // Code j of a word of MLX's affine format (BITS 4 or 8) as a float: codes j and j + 16 / BITS (the same
 // place b in the word's two halves) are one and-or's pair of float16 subnormals, code * 2^-24 exactly
 // (at 4 bits the odd places 4 bits up: code * 2^-20), then one conversion each; kf_code_scale(b) is the
