@@ -16,9 +16,19 @@ free as long as A and B use the same one, so each word's values go in as the pai
 16-bit pair, then one paired FMA dequantizes them), and ``x`` is repacked into the same pairs with
 ``__byte_perm``. 8-bit codes do not fit bfloat16's mantissa, so they go through float.
 
+At 4 bits the ``gsum`` axis takes the dequantization out of the A operand: a lane loads its words so
+that each mma k-step holds one group's (runs of ``group / 32`` words), the A operand is the and-or's
+``offset + code`` pair itself (128 in bfloat16, 1024 in float16: exact), a group's mmas sum into their own
+accumulator, a mma with ones for A sums the group's x, and then ``acc += scale * sum + (bias - offset *
+scale) * sum(x)`` in float: an and-or (and at most a shift) a code pair where the other path adds a
+subtraction and a paired FMA, no weight rounded to 16 bits, and 8 float FMAs per group, row tile and 8
+tokens. Measured on an H200 it wins where a warp holds many chunks of K (14336x4096 at M=8: 1.10x) and
+not at K = 4096 (``benchmarks/results/h200_mma_gsum.txt``); the tuner picks.
+
 Axes (the config keys qmv uses too): ``rpw`` rows per warp, 16, 32 or 64 (``RT`` tiles of 16; x is read
 once per warp for all of them), ``tg`` threads in a block whose warps split K (a shared-memory sum at
-the end), ``unr`` chunks loaded before use (loads in flight); ``vw`` is 4 (16-byte loads). float16
+the end), ``unr`` chunks loaded before use (loads in flight), ``gsum`` (4 bits) as above; ``vw`` is 4
+(16-byte loads: with ``gsum``, ``group / 32`` words a load). float16
 and bfloat16 only: float32 activations would be rounded to 16 bits. Metal has no such path
 (``simdgroup_matrix`` would need the emulator to model it): the spec offers these configs to CUDA
 workers only.
@@ -44,8 +54,10 @@ template <typename T> struct kf_mma;
 
 template <> struct kf_mma<__nv_bfloat16> {
   using P = __nv_bfloat162;
-  // 0x4300 is bfloat16 128.0: a 4-bit code OR'd into its mantissa gives 128 + code exactly
+  // 0x4300 is bfloat16 128.0: a 4-bit code OR'd into its mantissa gives 128 + code exactly; 0x3F80 is 1.0
   static constexpr unsigned int MAGIC = 0x43004300u;
+  static constexpr float OFFSET = 128.0f;
+  static constexpr unsigned int ONE = 0x3F803F80u;
   static __device__ __forceinline__ unsigned int splat(float v) { return kf_bits(__float2bfloat162_rn(v)); }
   static __device__ __forceinline__ unsigned int pack(float lo, float hi) {
     return kf_bits(__floats2bfloat162_rn(lo, hi));
@@ -61,8 +73,10 @@ template <> struct kf_mma<__nv_bfloat16> {
 
 template <> struct kf_mma<__half> {
   using P = __half2;
-  // 0x6400 is float16 1024.0: a 4-bit code OR'd into its mantissa gives 1024 + code exactly
+  // 0x6400 is float16 1024.0: a 4-bit code OR'd into its mantissa gives 1024 + code exactly; 0x3C00 is 1.0
   static constexpr unsigned int MAGIC = 0x64006400u;
+  static constexpr float OFFSET = 1024.0f;
+  static constexpr unsigned int ONE = 0x3C003C00u;
   static __device__ __forceinline__ unsigned int splat(float v) { return kf_bits(__float2half2_rn(v)); }
   static __device__ __forceinline__ unsigned int pack(float lo, float hi) {
     return kf_bits(__floats2half2_rn(lo, hi));
@@ -101,6 +115,13 @@ HEAD = r"""
   constexpr int NT = (MR + 7) / 8;      // n-tiles of 8 tokens
   constexpr int SK = TG / 32;           // warps splitting K
   constexpr int XW = 2 * PER;           // x words (2 values each) a lane reads per chunk
+  // A lane's 4 words of a row's chunk, in runs of LW words GW apart. With GSUM (4 bits) each mma k-step
+  // holds one group's words (LW = GS / 32: a group's share of a lane), so the mma sums a group's codes;
+  // else a lane's 4 words are contiguous (one 16-byte load) and in one group
+  constexpr bool SUMS = BITS == 4 && GSUM;
+  constexpr int LW = SUMS ? GS / 32 : 4;
+  constexpr int GW = SUMS ? GS / 8 : 16;
+  constexpr int GC = 4 / LW;            // groups a chunk holds (with GSUM)
   const int lane = int(KF_LANE);
   const int warp = int(KF_WARP);
   const int g = lane >> 2;
@@ -134,7 +155,15 @@ CORE = r"""
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               const KF_SIZE row = row0 + KF_SIZE(16 * r + g + 8 * h);
-              wv[u][r][h] = kf_vload<4>(wq, (wbase + row * WPR + KF_SIZE(c0 + u) * 16 + 4 * t) / 4);
+#pragma unroll
+              for (int v = 0; v < 4 / LW; ++v) {
+                const kf_vec<uint32_t, LW> run =
+                    kf_vload<LW>(wq, (wbase + row * WPR + KF_SIZE(c0 + u) * 16 + v * GW + t * LW) / LW);
+#pragma unroll
+                for (int e = 0; e < LW; ++e) {
+                  wv[u][r][h].v[v * LW + e] = run.v[e];
+                }
+              }
             }
           }
         }
@@ -142,7 +171,7 @@ CORE = r"""
 #pragma unroll
       for (int u = 0; u < UNR; ++u) {
         if (c0 + u < CHUNKS) {
-          const int kb = (c0 + u) * CK + t * 4 * PER;  // this lane's first k of the chunk
+          const int ck = (c0 + u) * CK;  // the chunk's first k
           uint32_t xp[NT][4][HP];
 #pragma unroll
           for (int j = 0; j < NT; ++j) {
@@ -152,7 +181,10 @@ CORE = r"""
             for (int v = 0; v < XW / 4; ++v) {
               kf_vec<T, 8> xv;
               if (live_j[j]) {
-                xv = kf_vload<8>(x, ((t0 + KF_SIZE(tok)) * K + kb) / 8 + v);
+                // x of the lane's words in their order: value 8v of its runs of LW * PER
+                const int run = (8 * v) / (LW * PER);
+                const int kx = ck + (run * GW + t * LW) * PER + (8 * v) % (LW * PER);
+                xv = kf_vload<8>(x, ((t0 + KF_SIZE(tok)) * K + kx) / 8);
               } else {
 #pragma unroll
                 for (int e = 0; e < 8; ++e) {
@@ -170,30 +202,103 @@ CORE = r"""
               }
             }
           }
-          const int grp = kb / GS;
+          if (SUMS) {
+            // Per group: the mma sums (OFFSET + code) * x over the group's k (one and-or a code pair, codes
+            // exact), and a mma with ones sums x; then acc += scale * that + (bias - OFFSET * scale) * sum(x)
 #pragma unroll
-          for (int r = 0; r < RT; ++r) {
-            float sf[2], bf[2];
-            uint32_t s2[2], b2[2];
+            for (int jg = 0; jg < GC; ++jg) {
+              float xs[NT][4];  // [0], [1]: sum of x over the group, tokens 2t, 2t + 1 (every row alike)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const KF_SIZE row = row0 + KF_SIZE(16 * r + g + 8 * h);
-              sf[h] = float(scales[sbase + row * GPR + grp]);
-              bf[h] = float(biases[sbase + row * GPR + grp]);
-              s2[h] = P::splat(sf[h]);
-              b2[h] = P::splat(bf[h]);
+              for (int j = 0; j < NT; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                  xs[j][e] = 0.0f;
+                }
+#pragma unroll
+                for (int w = 0; w < LW; ++w) {
+#pragma unroll
+                  for (int s = 0; s < SPW; ++s) {
+                    P::mma(xs[j], P::ONE, P::ONE, P::ONE, P::ONE, xp[j][jg * LW + w][2 * s],
+                           xp[j][jg * LW + w][2 * s + 1]);
+                  }
+                }
+              }
+              const int grp = ck / GS + jg;
+#pragma unroll
+              for (int r = 0; r < RT; ++r) {
+                float sf[2], bf[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                  const KF_SIZE row = row0 + KF_SIZE(16 * r + g + 8 * h);
+                  sf[h] = float(scales[sbase + row * GPR + grp]);
+                  bf[h] = float(biases[sbase + row * GPR + grp]) - P::OFFSET * sf[h];
+                }
+                float sum[NT][4];
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+#pragma unroll
+                  for (int e = 0; e < 4; ++e) {
+                    sum[j][e] = 0.0f;
+                  }
+                }
+#pragma unroll
+                for (int w = 0; w < LW; ++w) {
+                  const int i = jg * LW + w;
+                  uint32_t a[2][HP];
+#pragma unroll
+                  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                    for (int q = 0; q < HP; ++q) {
+                      a[h][q] = kf_and_or(wv[u][r][h].v[i] >> (4 * q), 0x000F000Fu, P::MAGIC);
+                    }
+                  }
+#pragma unroll
+                  for (int s = 0; s < SPW; ++s) {
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) {
+                      P::mma(sum[j], a[0][2 * s], a[1][2 * s], a[0][2 * s + 1], a[1][2 * s + 1],
+                             xp[j][i][2 * s], xp[j][i][2 * s + 1]);
+                    }
+                  }
+                }
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+#pragma unroll
+                  for (int e = 0; e < 4; ++e) {
+                    acc[r][j][e] = fmaf(sf[e >> 1], sum[j][e], fmaf(bf[e >> 1], xs[j][e & 1], acc[r][j][e]));
+                  }
+                }
+              }
             }
+          } else {
+            // Each weight dequantized, then into the mma: at 4 bits in 16-bit pairs (one shift, one and-or
+            // and one subtraction give two exact codes, one paired FMA dequantizes them); 8-bit codes do not
+            // fit a 16-bit mantissa, so they go through float
+            const int grp = (ck + t * 4 * PER) / GS;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              uint32_t a[2][HP];
+            for (int r = 0; r < RT; ++r) {
+              float sf[2], bf[2];
+              uint32_t s2[2], b2[2];
 #pragma unroll
               for (int h = 0; h < 2; ++h) {
-                const uint32_t word = wv[u][r][h].v[i];
+                const KF_SIZE row = row0 + KF_SIZE(16 * r + g + 8 * h);
+                sf[h] = float(scales[sbase + row * GPR + grp]);
+                bf[h] = float(biases[sbase + row * GPR + grp]);
+                s2[h] = P::splat(sf[h]);
+                b2[h] = P::splat(bf[h]);
+              }
 #pragma unroll
-                for (int q = 0; q < HP; ++q) {
-                  if (BITS == 4) {
-                    a[h][q] = kf_dequant2<T>(((word >> (4 * q)) & 0x000F000Fu) | P::MAGIC, s2[h], b2[h]);
-                  } else {
+              for (int i = 0; i < 4; ++i) {
+                uint32_t a[2][HP];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                  const uint32_t word = wv[u][r][h].v[i];
+#pragma unroll
+                  for (int q = 0; q < HP; ++q) {
+                    if (BITS == 4) {
+                      a[h][q] = kf_dequant2<T>(((word >> (4 * q)) & 0x000F000Fu) | P::MAGIC, s2[h], b2[h]);
+                      continue;
+                    }
                     // 2^23 + code, minus 2^23: the code as a float without a conversion
                     const uint32_t clo = (word >> (BITS * q)) & 0xFFu;
                     const uint32_t chi = (word >> (BITS * (q + HP))) & 0xFFu;
@@ -202,13 +307,13 @@ CORE = r"""
                     a[h][q] = P::pack(fmaf(lo, sf[h], bf[h]), fmaf(hi, sf[h], bf[h]));
                   }
                 }
-              }
 #pragma unroll
-              for (int s = 0; s < SPW; ++s) {
+                for (int s = 0; s < SPW; ++s) {
 #pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                  P::mma(acc[r][j], a[0][2 * s], a[1][2 * s], a[0][2 * s + 1], a[1][2 * s + 1],
-                         xp[j][i][2 * s], xp[j][i][2 * s + 1]);
+                  for (int j = 0; j < NT; ++j) {
+                    P::mma(acc[r][j], a[0][2 * s], a[1][2 * s], a[0][2 * s + 1], a[1][2 * s + 1],
+                           xp[j][i][2 * s], xp[j][i][2 * s + 1]);
+                  }
                 }
               }
             }
@@ -344,23 +449,30 @@ def space(shape: Shape, dtype: str) -> list[Config]:
     m, k, n, bits, _group = shape
     if m > MAX_M:
         return []
-    return [{"path": "mma", "rpw": 16 * rt, "vw": 4, "tg": tg, "unr": unr}
-            for rt, tg, unr in _axes(k, n, bits, m, dtype)]
+    return [{"path": "mma", "rpw": 16 * rt, "vw": 4, "tg": tg, "unr": unr, **sums}
+            for rt, tg, unr in _axes(k, n, bits, m, dtype) for sums in _sums(bits)]
 
 
 def gather_space(shape: Shape, dtype: str) -> list[Config]:
     """The gathered path's configs at ``shape`` (T x K x N x E x bits x group): ``mt`` pairs a block."""
     t, k, n, _e, bits, _group = shape
     # 512 threads: checked on the GPU for the plain kernel only, whose gathered form holds more a lane
-    return [{"path": "mma", "rpw": 16 * rt, "vw": 4, "tg": tg, "unr": unr, "mt": mt}
+    return [{"path": "mma", "rpw": 16 * rt, "vw": 4, "tg": tg, "unr": unr, **sums, "mt": mt}
             for mt in GATHER_TILES if mt <= max(t, GATHER_TILES[0])
-            for rt, tg, unr in _axes(k, n, bits, mt, dtype) if tg < 512]
+            for rt, tg, unr in _axes(k, n, bits, mt, dtype) if tg < 512 for sums in _sums(bits)]
+
+
+def _sums(bits: int) -> list[dict[str, int]]:
+    """The ``gsum`` axis (4 bits): absent, each weight dequantized before the mma; 1, a group's codes into
+    the mma and its scale and bias applied to the sums."""
+    return [{}, {"gsum": 1}] if bits == 4 else [{}]
 
 
 def _template(config: Config, dtype: str, k: int, n: int, bits: int, group: int, tokens: int
               ) -> tuple[TemplateArg, ...]:
     return (("T", mx_dtype(dtype)), ("K", k), ("N", n), ("BITS", bits), ("GS", group), ("MR", tokens),
-            ("RT", int(config["rpw"]) // 16), ("TG", int(config["tg"])), ("UNR", int(config["unr"])))
+            ("RT", int(config["rpw"]) // 16), ("TG", int(config["tg"])), ("UNR", int(config["unr"])),
+            ("GSUM", int(config.get("gsum", 0))))
 
 
 def launch(config: Config, shape: Shape, dtype: str) -> Launch:

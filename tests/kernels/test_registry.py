@@ -30,10 +30,11 @@ def test_every_spec_is_complete_and_consistent() -> None:
                 assert s.default_config(shape, dtype) in [*space, BUILTIN]
                 assert s.bytes_moved(shape, dtype) > 0
                 # space axes are real axes: every config of one path has the same keys, except the
-                # optional frontier axes (hint, fm, red), which appear only away from their default
-                # (0) so the original configs keep their keys. Paths may differ (a gathered matmul's
-                # tensor-core path has axes its dequantize path has not, whose stored keys stay)
-                optional = {"hint", "fm", "red"}
+                # optional frontier axes (hint, fm, red; the mma path's gsum), which appear only away
+                # from their default (0) so the original configs keep their keys. Paths may differ (a
+                # gathered matmul's tensor-core path has axes its dequantize path has not, whose stored
+                # keys stay)
+                optional = {"hint", "fm", "red", "gsum"}
                 for path in {c.get("path") for c in space}:
                     keys = {tuple(sorted(set(c) - optional)) for c in space if c.get("path") == path}
                     assert len(keys) == 1, f"{s.name} {shape} {dtype} path {path}: {keys}"
