@@ -142,12 +142,52 @@ def render(body: str, backend: Backend, values: Mapping[str, str] | None = None)
 
 @cache
 def prelude(backend: Backend) -> str:
-    """The backend's helper definitions, as kernels' headers begin (CUDA's compacted:
-    :func:`~kernelfleet.kernels.render.cuda.compact`)."""
+    """The backend's helper definitions, whole (CUDA's compacted: :func:`~.cuda.compact`): a Metal kernel's
+    header begins with them, a CUDA kernel's with the part it uses (:func:`prelude_for`)."""
     from . import cuda as render_cuda
     from . import metal as render_metal
 
     return render_metal.PRELUDE if backend == "metal" else render_cuda.compact(render_cuda.PRELUDE)
+
+
+_NAME_RE = re.compile(r"\bkf_\w+")
+_COMMENTS = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
+
+
+@cache
+def _blocks(backend: Backend) -> tuple[tuple[str, frozenset[str], frozenset[str]], ...]:
+    """The prelude's blank-line-separated blocks, each (its text, the ``kf_`` names it defines, the names of
+    earlier blocks it uses). A name's first block in the prelude is the one that defines it: C++ and MSL
+    declare before use, and the comments are left out of the search."""
+    from . import cuda as render_cuda
+    from . import metal as render_metal
+
+    text = render_metal.PRELUDE if backend == "metal" else render_cuda.PRELUDE
+    seen: set[str] = set()
+    out = []
+    for block in text.split("\n\n"):
+        names = set(_NAME_RE.findall(_COMMENTS.sub("", block)))
+        out.append((block, frozenset(names - seen), frozenset(names & seen)))
+        seen |= names
+    return tuple(out)
+
+
+def prelude_for(backend: Backend, text: str) -> str:
+    """The prelude's blocks that ``text`` (a kernel's rendered header and body) needs, with the blocks
+    those need, in prelude order (CUDA's compacted); a block that defines no helper always. MLX's CUDA
+    backend hashes a kernel's whole source on every launch (MLX 0.32), so what a kernel does not use is
+    left out there."""
+    blocks = _blocks(backend)
+    want = set(_NAME_RE.findall(text))
+    for _block, defines, uses in reversed(blocks):  # a block uses only earlier ones
+        if defines & want:
+            want |= uses
+    kept = "\n\n".join(block for block, defines, _ in blocks if not defines or defines & want)
+    if backend == "cuda":
+        from . import cuda as render_cuda
+
+        return render_cuda.compact(kept)
+    return kept
 
 
 _HERE = Path(__file__).resolve().parent

@@ -41,9 +41,10 @@ class Rendered:
     name: str
     backend: GpuBackend
     source: str
-    header: str
+    header: str  # what MLX gets: the prelude's part the kernel uses, then ``own_header``
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    own_header: str = ""  # the kernel's own helpers (its KernelSource's header, rendered)
 
 
 @lru_cache(maxsize=2048)
@@ -51,11 +52,13 @@ def render(src: KernelSource, backend: GpuBackend) -> Rendered:
     values = dict(src.values)
     body = dialect.render(src.body, backend, values)
     header = dialect.render(src.header, backend, values)
-    if backend == "cuda":  # the text MLX hashes on every launch, shorter (the prelude is already)
+    if backend == "cuda":  # the text MLX hashes on every launch: compacted, and only the helpers it uses
         body, header = render_cuda.compact(body), render_cuda.compact(header)
-    header = dialect.prelude(backend) + header
-    digest = hashlib.sha256((header + "\n" + body).encode()).hexdigest()[:12]
-    return Rendered(f"kf_{src.name}_{digest}", backend, body, header, src.inputs, src.outputs)
+        full = dialect.prelude_for(backend, header + "\n" + body) + header
+    else:
+        full = dialect.prelude(backend) + header
+    digest = hashlib.sha256((full + "\n" + body).encode()).hexdigest()[:12]
+    return Rendered(f"kf_{src.name}_{digest}", backend, body, full, src.inputs, src.outputs, header)
 
 
 @lru_cache(maxsize=2048)

@@ -63,16 +63,21 @@ def cuda_function(rec: LaunchRecord, func_name: str) -> str:
     return "".join(lines)
 
 
-def cuda_unit(records: list[tuple[LaunchRecord, str]]) -> str:
-    """One .cu file: MLX's default header, the dialect's prelude and each kernel's own helpers once,
-    then every function (MLX compiles each kernel alone, its header whole)."""
-    common = prelude("cuda")
-    headers: list[str] = [common]
-    for rec, _ in records:
-        header = rec.rendered.header
-        header = header[len(common):] if header.startswith(common) else header
-        if header not in headers:
-            headers.append(header)
+def cuda_unit(records: list[tuple[LaunchRecord, str]], as_launched: bool = False) -> str:
+    """One .cu file: MLX's default header, the dialect's whole prelude and each kernel's own helpers once,
+    then every function (MLX compiles each kernel alone, with the prelude's part it uses: that part
+    compiles alone in ``test_cuda_sources_compile_as_launched`` and on the GPU).
+
+    With ``as_launched`` the records share one header, which comes as MLX gets it: the prelude's part
+    they use, then their own helpers."""
+    if as_launched:
+        headers = list(dict.fromkeys(rec.rendered.header for rec, _ in records))
+        assert len(headers) == 1, "as_launched: the records' headers differ"
+    else:
+        headers = [prelude("cuda")]
+        for rec, _ in records:
+            if rec.rendered.own_header not in headers:
+                headers.append(rec.rendered.own_header)
     return CUDA_DEFAULT_HEADER + "".join(headers) + "".join(cuda_function(rec, n) for rec, n in records)
 
 

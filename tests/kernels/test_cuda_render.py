@@ -72,3 +72,22 @@ def test_cuda_sources_compile_with_nvcc(tmp_path: Path) -> None:
     detail = "\n".join(f"--- {name}:\n{p.stderr[:3000]}" for name, p in failing.items())
     pytest.fail(f"CUDA does not compile: {sorted(failing) or 'only together'}\n"
                 f"{detail or proc.stderr[:4000]}")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_cuda_sources_compile_as_launched(tmp_path: Path) -> None:
+    """Each CUDA kernel's header holds only the prelude's helpers it uses (``dialect.prelude_for``), so a
+    kernel compiles with the part it was given, as MLX compiles it, and not only beside the whole
+    prelude: per kernel family one unit of its kernels that share a header (a few families a day,
+    every one under make test-full)."""
+    groups: dict[tuple[str, str], list[tuple[LaunchRecord, str]]] = {}
+    for name in NAMES:
+        spec = get_spec(name)
+        for rec, fn in _representative(records(spec, "cuda", spec.dtypes[0])):
+            groups.setdefault((name, rec.rendered.header), []).append((rec, fn))
+    picked = rotating(sorted(groups), 3, "nvcc-as-launched")
+    print(covered("CUDA kernel headers compiled as launched", len(picked), len(groups)))
+    for key in picked:
+        proc = _nvcc(cuda_unit(groups[key][:4], as_launched=True), tmp_path / "unit.cu")
+        assert proc.returncode == 0, f"{key[0]}: {proc.stderr[:3000]}"

@@ -76,5 +76,27 @@ def test_cuda_sources_are_compacted() -> None:
     for text in (cuda.header, cuda.source):
         assert "//" not in text and "/*" not in text and "\n\n" not in text
         assert all(line == line.strip() for line in text.splitlines())
-    assert cuda.header.startswith(dialect.prelude("cuda")) and "#pragma unroll\n" in cuda.source
+    assert cuda.header.endswith(cuda.own_header) and "#pragma unroll\n" in cuda.source
     assert "// " in render_source(decode_attention.source(0.125), "metal").source
+
+
+def test_cuda_sources_hold_only_the_helpers_they_use() -> None:
+    """A CUDA kernel's header holds the prelude's blocks its body and own header name, with the blocks
+    those name (kf_vload_h: kf_word, kf_vload, kf_vec), in the prelude's order, and nothing else; a Metal
+    kernel's the whole prelude. Whether each pruned source compiles is test_cuda_render's and
+    test_cuda_precompile's."""
+    full = dialect.prelude("cuda")
+    got = dialect.prelude_for("cuda", "kf_vec<float, 4> v = kf_vload_h<4, 1>(p, i); kf_warp_sum(x);")
+    for name in ("kf_vec", "kf_vload(", "kf_word", "kf_vload_h", "kf_warp_sum"):
+        assert name in got, name
+    for name in ("kf_vstore", "kf_row_sum", "kf_code", "kf_and_or", "kf_shfl_xor", "kf_warp_max"):
+        assert name not in got, name
+    lines = iter(full.splitlines())
+    assert all(line in lines for line in got.splitlines())  # the prelude's lines, in its order
+    assert dialect.prelude_for("cuda", "int a = 0;") == ""
+    from kernelfleet.kernels.catalog.quantized_matmul_kernel import qmv_source
+    from kernelfleet.kernels.render.launch import render as render_source
+
+    cuda, metal = (render_source(qmv_source("residual"), backend) for backend in ("cuda", "metal"))
+    assert "kf_code" in cuda.header and "kf_row_max" not in cuda.header and len(cuda.header) < len(full)
+    assert metal.header.startswith(dialect.prelude("metal"))
