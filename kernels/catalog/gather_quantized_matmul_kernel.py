@@ -43,7 +43,7 @@ from ..common import DTYPES, ITEMSIZE, mx_dtype, need_rank, normal, rng
 from ..render.dialect import source_version
 from ..render.launch import run
 from ..spec import BadShape, Config, GpuBackend, KernelBuildError, KernelFn, KernelSpec, Shape
-from . import affine, elementwise, quantized_mma
+from . import affine, elementwise, quantized_mma, quantized_mma_source
 from . import quantized_matmul_kernel as qmk
 from .quantized_matmul_kernel import DQ_TGS, DQ_VECS
 
@@ -129,7 +129,7 @@ def make(config: Config, backend: GpuBackend, shape: Shape, dtype: str, shared_x
         mma_launch, out_dtype = quantized_mma.gather_launch(config, shape, dtype), mx_dtype(dtype)
 
         def mma(inputs: Sequence[mx.array]) -> list[mx.array]:
-            return run(quantized_mma.GATHER_SOURCE, backend, inputs, mma_launch, [(t, n)], [out_dtype])
+            return run(quantized_mma_source.GATHER_SOURCE, backend, inputs, mma_launch, [(t, n)], [out_dtype])
 
         return mma
     dq = {"tg": int(config["tg"]), "vec": int(config["vw"]), "ipt": 1}
@@ -215,7 +215,7 @@ SPEC = KernelSpec(
     tolerances=affine.MATMUL_TOLERANCES,
     bytes_moved=bytes_moved,
     version=source_version(__file__, affine.__file__, elementwise.__file__, quantized_mma.__file__,
-                           qmk.__file__),
+                           quantized_mma_source.__file__, qmk.__file__),
     validate_shape=_check,
     # (72, 128, 32, 5, 8, 32): the mma path's tiles of 16 and 32 pairs holding runs of several experts, two
     # chunks (split K, two in flight) and 32-row blocks, a last tile partial; (9, 256, 16, 3, 8, 32) and

@@ -49,7 +49,7 @@ from ..common import DTYPES, ITEMSIZE, ceil_div, mx_dtype, need_rank, normal
 from ..render.dialect import float_literal, source_version
 from ..render.launch import KernelSource, Launch, run
 from ..spec import BUILTIN, BadShape, Config, GpuBackend, KernelBuildError, KernelFn, KernelSpec, Shape
-from . import affine, elementwise, quantized_mma, swiglu_kernel
+from . import affine, elementwise, quantized_mma, quantized_mma_source, swiglu_kernel
 
 QMV_BODY = r"""
   constexpr int PER = 32 / BITS;
@@ -534,7 +534,7 @@ def _make(config: Config, backend: GpuBackend, shape: Shape, dtype: str) -> Kern
         mma_launch = quantized_mma.launch(config, shape, dtype)
 
         def mma(inputs: Sequence[mx.array]) -> list[mx.array]:
-            return run(quantized_mma.SOURCE, backend, inputs, mma_launch, [(m, n)], [out_dtype])
+            return run(quantized_mma_source.SOURCE, backend, inputs, mma_launch, [(m, n)], [out_dtype])
 
         return mma
     return _qmv(config, backend, shape, dtype)
@@ -595,7 +595,8 @@ SPEC = KernelSpec(
     build=make,
     tolerances=affine.MATMUL_TOLERANCES,
     bytes_moved=bytes_moved,
-    version=source_version(__file__, affine.__file__, elementwise.__file__, quantized_mma.__file__),
+    version=source_version(__file__, affine.__file__, elementwise.__file__, quantized_mma.__file__,
+                           quantized_mma_source.__file__),
     validate_shape=_validate,
     # K=640: a lane's last step is partial (80 words), and at vw 1 an unrolled block of 2 runs past the last
     # of 3 steps. Longer K is left to GPU runs: MLX's CPU op in bfloat16 (the built-in, checked here too)
