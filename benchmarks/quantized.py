@@ -43,6 +43,7 @@ Imports only mlx, numpy (torch when present) and the kernelfleet kernels/worker 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import itertools
 import json
@@ -316,6 +317,13 @@ def floor_fits(inputs: Sequence[mx.array]) -> bool:
     return not (wq.nbytes % 16 or sc.nbytes % 16 or bi.nbytes != sc.nbytes)
 
 
+@functools.cache
+def _floor_kernel() -> Any:
+    """The read floor's ``mx.fast`` kernel object, made once (MLX compiles it at its first launch)."""
+    return mx.fast.cuda_kernel(name="kf_read_floor", input_names=["wq", "scales", "biases"],
+                               output_names=["out"], source=FLOOR_SOURCE)
+
+
 def read_floor(inputs: Sequence[mx.array]) -> mx.array:
     """The read floor's launch over one input set's packed words, scales and biases (:func:`floor_fits`)."""
     wq, sc, bi = inputs[1:4]
@@ -323,9 +331,7 @@ def read_floor(inputs: Sequence[mx.array]) -> mx.array:
         raise ValueError("read floor: the weights' parts are not whole 16-byte words")
     words = (wq.nbytes + 2 * sc.nbytes) // 16
     blocks = max(1, math.ceil(words / (FLOOR_THREADS * FLOOR_LOADS)))
-    kernel: Any = mx.fast.cuda_kernel(name="kf_read_floor", input_names=["wq", "scales", "biases"],
-                                      output_names=["out"], source=FLOOR_SOURCE)
-    return kernel(inputs=[wq, sc, bi], template=[("NW", wq.nbytes // 16), ("NS", sc.nbytes // 16)],
+    return _floor_kernel()(inputs=[wq, sc, bi], template=[("NW", wq.nbytes // 16), ("NS", sc.nbytes // 16)],
                   grid=(blocks * FLOOR_THREADS, 1, 1), threadgroup=(FLOOR_THREADS, 1, 1),
                   output_shapes=[(1,)], output_dtypes=[mx.uint32])[0]
 

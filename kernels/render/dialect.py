@@ -140,14 +140,26 @@ def render(body: str, backend: Backend, values: Mapping[str, str] | None = None)
     return substitute(fill_values(body, values or {}), tokens)
 
 
-@cache
-def prelude(backend: Backend) -> str:
-    """The backend's helper definitions, whole (CUDA's compacted: :func:`~.cuda.compact`): a Metal kernel's
-    header begins with them, a CUDA kernel's with the part it uses (:func:`prelude_for`)."""
+def _written(backend: Backend) -> str:
+    """The backend's prelude as its renderer writes it."""
     from . import cuda as render_cuda
     from . import metal as render_metal
 
-    return render_metal.PRELUDE if backend == "metal" else render_cuda.compact(render_cuda.PRELUDE)
+    return render_metal.PRELUDE if backend == "metal" else render_cuda.PRELUDE
+
+
+def _as_given(backend: Backend, text: str) -> str:
+    """Prelude text as a kernel's header takes it: CUDA's compacted (:func:`~.cuda.compact`)."""
+    from . import cuda as render_cuda
+
+    return render_cuda.compact(text) if backend == "cuda" else text
+
+
+@cache
+def prelude(backend: Backend) -> str:
+    """The backend's helper definitions, whole (CUDA's compacted): a Metal kernel's header begins with
+    them, a CUDA kernel's with the part it uses (:func:`prelude_for`)."""
+    return _as_given(backend, _written(backend))
 
 
 _NAME_RE = re.compile(r"\bkf_\w+")
@@ -159,13 +171,9 @@ def _blocks(backend: Backend) -> tuple[tuple[str, frozenset[str], frozenset[str]
     """The prelude's blank-line-separated blocks, each (its text, the ``kf_`` names it defines, the names of
     earlier blocks it uses). A name's first block in the prelude is the one that defines it: C++ and MSL
     declare before use, and the comments are left out of the search."""
-    from . import cuda as render_cuda
-    from . import metal as render_metal
-
-    text = render_metal.PRELUDE if backend == "metal" else render_cuda.PRELUDE
     seen: set[str] = set()
     out = []
-    for block in text.split("\n\n"):
+    for block in _written(backend).split("\n\n"):
         names = set(_NAME_RE.findall(_COMMENTS.sub("", block)))
         out.append((block, frozenset(names - seen), frozenset(names & seen)))
         seen |= names
@@ -182,12 +190,8 @@ def prelude_for(backend: Backend, text: str) -> str:
     for _block, defines, uses in reversed(blocks):  # a block uses only earlier ones
         if defines & want:
             want |= uses
-    kept = "\n\n".join(block for block, defines, _ in blocks if not defines or defines & want)
-    if backend == "cuda":
-        from . import cuda as render_cuda
-
-        return render_cuda.compact(kept)
-    return kept
+    kept = (block for block, defines, _ in blocks if not defines or defines & want)
+    return _as_given(backend, "\n\n".join(kept))
 
 
 _HERE = Path(__file__).resolve().parent
